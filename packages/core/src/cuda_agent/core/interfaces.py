@@ -1,0 +1,186 @@
+"""Base classes of every pluggable component kind.
+
+A component class has a ``name`` (how configs select it), an ``Options`` dataclass (the
+schema its ``options`` mapping is checked against) and a ``description``. It is built
+with ``cls(options)`` where ``options`` is an instance of ``cls.Options``.
+
+Concrete implementations live in other packages and plugins; the agent loop and the
+trainer see only these interfaces.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+from .types import CandidateOutcome, CompileResult, RewardResult, Task, Timing
+
+
+@dataclass
+class NoOptions:
+    """Options schema of a component that takes none."""
+
+
+class Component:
+    """Common base: a name, an options schema and a description."""
+
+    kind: ClassVar[str] = "component"
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any = None):
+        self.options = options if options is not None else self.Options()
+
+
+class Compiler(Component):
+    kind = "compiler"
+    backend: ClassVar[str] = "cuda"  # "cuda" or "cpu"
+
+    @abc.abstractmethod
+    def build(self, workspace: Path, build_dir: Path | None = None) -> CompileResult:
+        """Build the workspace's kernels; reuse cached objects where inputs are unchanged."""
+
+
+class Profiler(Component):
+    kind = "profiler"
+    backend: ClassVar[str] = "cuda"
+
+    @abc.abstractmethod
+    def time(self, fn: Any, input_sets: list, device: Any = None) -> Timing:
+        """Time ``fn(*inputs)`` rotating over ``input_sets``; runs inside an executor worker."""
+
+
+class CorrectnessCheck(Component):
+    kind = "correctness_check"
+    stage: ClassVar[str] = "static"  # "static" (sources) or "runtime"
+
+    @abc.abstractmethod
+    def check(self, workspace: Path) -> list[str]:
+        """Return violations, each a one-line message naming the rule broken."""
+
+
+class SandboxSession(abc.ABC):
+    """A live sandbox bound to one workspace."""
+
+    workspace: Path
+
+    @abc.abstractmethod
+    def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> Any:
+        """Run a shell command in the workspace; returns an object with
+        ``exit_code``, ``output``, ``timed_out`` and ``seconds``."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Sandbox(Component):
+    kind = "sandbox"
+
+    @abc.abstractmethod
+    def open(self, workspace: Path, protected: list[str] | None = None) -> SandboxSession:
+        """Open a session confined to ``workspace``; ``protected`` paths are read-only."""
+
+
+class Executor(Component):
+    """A pool that runs verification/profiling jobs on GPUs (or the CPU), one job per device."""
+
+    kind = "executor"
+    backend: ClassVar[str] = "cuda"
+
+    @abc.abstractmethod
+    def submit(self, job: Any) -> Any:
+        """Queue a job; returns a ``concurrent.futures.Future``."""
+
+    def close(self) -> None:
+        pass
+
+
+class AgentTool(Component):
+    """A tool the agent can call, described by an OpenAI function schema."""
+
+    kind = "agent_tool"
+
+    @abc.abstractmethod
+    def schema(self) -> dict:
+        """The OpenAI function-calling schema ({"type": "function", "function": {...}})."""
+
+    @abc.abstractmethod
+    def call(self, arguments: dict, context: Any) -> Any:
+        """Run the tool; returns a :class:`~cuda_agent.core.types.ToolResult`."""
+
+
+class RewardFunction(Component):
+    kind = "reward"
+
+    @abc.abstractmethod
+    def score(self, outcome: CandidateOutcome) -> RewardResult: ...
+
+
+class Algorithm(Component):
+    """An RL algorithm (PPO, GRPO, RFT): turns scored trajectories into parameter updates."""
+
+    kind = "algorithm"
+
+
+class Policy(Component):
+    """An LLM backend. Chat-level policies answer messages; token-level ones also
+    return the exact sampled token ids and their log-probs."""
+
+    kind = "policy"
+    token_level: ClassVar[bool] = False
+
+
+class Dataset(Component):
+    kind = "dataset"
+
+    @abc.abstractmethod
+    def tasks(self) -> Iterator[Task]: ...
+
+
+class Tracker(Component):
+    kind = "tracker"
+
+    @abc.abstractmethod
+    def log(self, step: int, metrics: dict) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+
+KINDS: dict[str, type[Component]] = {
+    "compiler": Compiler,
+    "profiler": Profiler,
+    "correctness_check": CorrectnessCheck,
+    "sandbox": Sandbox,
+    "executor": Executor,
+    "agent_tool": AgentTool,
+    "reward": RewardFunction,
+    "algorithm": Algorithm,
+    "policy": Policy,
+    "dataset": Dataset,
+    "tracker": Tracker,
+}
+
+# registration hook name for each kind
+HOOK_FOR_KIND: dict[str, str] = {
+    "compiler": "register_compilers",
+    "profiler": "register_profilers",
+    "correctness_check": "register_correctness_checks",
+    "sandbox": "register_sandboxes",
+    "executor": "register_executors",
+    "agent_tool": "register_agent_tools",
+    "reward": "register_rewards",
+    "algorithm": "register_algorithms",
+    "policy": "register_policies",
+    "dataset": "register_datasets",
+    "tracker": "register_trackers",
+}

@@ -1,0 +1,85 @@
+"""A run: its folder, resolved config, plugin versions, JSON log and lifecycle hooks."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import uuid
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from . import runlog
+from .config import to_yaml
+from .errors import ConfigError
+from .plugins import PluginManager, get_plugin_manager, plugin_versions
+
+
+class Run:
+    """Context manager around a run folder.
+
+    ``with Run(cfg, command="eval") as run:`` creates ``<output_dir>/<id>/`` (or reopens
+    ``run.resume``), saves ``config.yaml`` and ``plugins.json``, writes ``log.jsonl`` and
+    calls the ``on_run_start``/``on_run_end`` hooks.
+    """
+
+    def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None):
+        self.config = config
+        self.command = command
+        self.pm = pm or get_plugin_manager()
+        resume = config.run.get("resume") if "run" in config else None
+        if resume:
+            self.dir = Path(resume)
+            if not (self.dir / "config.yaml").exists():
+                raise ConfigError(f"run.resume={resume}: not a run folder (no config.yaml)")
+            self.id = self.dir.name
+            self.resumed = True
+        else:
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            name = config.run.get("name") or command
+            self.id = f"{stamp}-{name}-{uuid.uuid4().hex[:6]}"
+            self.dir = Path(config.run.output_dir) / self.id
+            self.resumed = False
+        self.status = "ok"
+        self._logfile = None
+        self.log = runlog.get_logger()
+
+    def __enter__(self) -> "Run":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(to_yaml(self.config))
+        meta = {
+            "command": self.command,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "plugins": plugin_versions(self.pm),
+        }
+        (self.dir / "plugins.json").write_text(json.dumps(meta, indent=2))
+        lg = self.config.get("logging", {})
+        runlog.configure(level=lg.get("level", "info"), console=lg.get("console", True))
+        self._logfile = runlog.attach_file(self.dir / "log.jsonl")
+        runlog.bind(run_id=self.id)
+        self.log = runlog.get_logger()
+        self.log.info("run.start", command=self.command, dir=str(self.dir), resumed=self.resumed)
+        self.pm.hook.on_run_start(run=self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is KeyboardInterrupt:
+            self.status = "interrupted"
+        elif exc_type is not None:
+            self.status = "failed"
+        try:
+            self.pm.hook.on_run_end(run=self, status=self.status)
+        finally:
+            self.log.info("run.end", status=self.status)
+            runlog.unbind("run_id")
+            if self._logfile is not None:
+                runlog.detach_file(self._logfile)
+
+    def path(self, *parts: str) -> Path:
+        return self.dir.joinpath(*parts)
+
+    def container(self) -> Any:
+        return OmegaConf.to_container(self.config, resolve=True)

@@ -1,0 +1,59 @@
+"""Built-in metric trackers: JSON lines (default) and the console."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .interfaces import Tracker
+
+
+@dataclass
+class JsonlOptions:
+    path: str = "metrics.jsonl"  # relative paths are inside the run folder
+
+
+class JsonlTracker(Tracker):
+    name = "jsonl"
+    description = "Append each step's metrics as a JSON line."
+    Options = JsonlOptions
+
+    def __init__(self, options=None, run_dir: str | Path | None = None):
+        super().__init__(options)
+        path = Path(self.options.path)
+        if run_dir is not None and not path.is_absolute():
+            path = Path(run_dir) / path
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict) -> None:
+        self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass
+class ConsoleOptions:
+    keys: list[str] | None = None  # metrics to show; all when empty
+
+
+class ConsoleTracker(Tracker):
+    name = "console"
+    description = "Print each step's metrics on one line."
+    Options = ConsoleOptions
+
+    def __init__(self, options=None, run_dir=None):
+        super().__init__(options)
+
+    def log(self, step: int, metrics: dict) -> None:
+        keys = self.options.keys or sorted(metrics)
+        parts = []
+        for k in keys:
+            v = metrics.get(k)
+            parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+        print(f"step {step}: " + " ".join(parts), flush=True)

@@ -1,0 +1,3 @@
+"""cuda-agent evaluation."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""cuda-agent sandbox."""
+
+__version__ = "0.1.0"

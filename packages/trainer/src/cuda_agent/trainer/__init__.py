@@ -1,0 +1,3 @@
+"""cuda-agent trainer."""
+
+__version__ = "0.1.0"
