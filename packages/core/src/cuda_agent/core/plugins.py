@@ -193,7 +193,9 @@ class PluginManager:
             return OmegaConf.to_object(merged)
         except OmegaConfBaseException as exc:
             msg = str(exc).splitlines()[0]
-            raise ConfigError(f"bad option for {kind} {name!r}{' at ' + where if where else ''}: {msg}") from exc
+            key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+            at = f"{where}.options.{key}" if where and key else (f"options.{key}" if key else where)
+            raise ConfigError(f"bad option {at} for {kind} {name!r}: {msg}") from exc
 
     def create(self, kind: str, spec: Any, where: str = "", **kwargs: Any) -> Any:
         """Build a component from ``{name, options}`` (a mapping or DictConfig)."""

@@ -1,0 +1,38 @@
+"""Test-suite wide settings: no third-party plugin autoload; GPU and extra markers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ["CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+os.environ.pop("CUDA_AGENT_PLUGINS", None)
+
+import pytest  # noqa: E402
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the GPU machine)")
+    config.addinivalue_line("markers", "vllm: needs the optional vllm extra")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = _has_cuda()
+    vllm = importlib.util.find_spec("vllm") is not None
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_vllm = pytest.mark.skip(reason="needs the vllm extra (pip install 'cuda-agent[vllm]')")
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(skip_gpu)
+        if "vllm" in item.keywords and not vllm:
+            item.add_marker(skip_vllm)

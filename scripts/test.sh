@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian machine, start the Docker
+# engine, build the sandbox image locally, and run the whole test suite in parallel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="docker.io debootstrap"
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  need=""
+  for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
+  if [ -n "$need" ]; then
+    echo "== apt-get install$need"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
+  fi
+fi
+
+echo "== pip install -r requirements-dev.txt"
+python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+
+if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+  echo "== starting dockerd"
+  (setsid dockerd >/tmp/cuda-agent-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/cuda-agent-dockerd.log; exit 1; }
+fi
+
+echo "== pytest"
+python3 -m pytest -n 2 -q -rs "$@"
