@@ -1,0 +1,683 @@
+"""Evaluation reports: results as JSON, a Markdown table in the paper's Table-1 form,
+and a self-contained HTML page with inline SVG plots (opens offline, no scripts).
+
+Every report states what it was measured with: precision policy, profiler, GPU and
+software versions (:func:`collect_environment`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import math
+import platform
+from importlib import metadata as _md
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .metrics import FAILURE_ORDER, TaskResult, compute_metrics
+
+# The paper's Table 1 (KernelBench L1-L3, 250 problems): pass / faster than compile /
+# geomean vs compile (and, for CUDA Agent, faster than eager / geomean vs eager overall).
+PAPER_ROWS: list[dict[str, Any]] = [
+    {"system": "paper's base model", "pass_rate": 0.740, "faster_compile": 0.272, "geomean_vs_compile": 0.69},
+    {"system": "Claude Opus 4.5 (paper)", "pass_rate": 0.952, "faster_compile": 0.664, "geomean_vs_compile": 1.46},
+    {"system": "Gemini 3 Pro (paper)", "pass_rate": 0.912, "faster_compile": 0.696, "geomean_vs_compile": 1.42},
+    {
+        "system": "CUDA Agent (paper)",
+        "pass_rate": 0.988,
+        "faster_eager": 0.984,
+        "faster_compile": 0.968,
+        "geomean_vs_eager": 2.60,
+        "geomean_vs_compile": 2.11,
+    },
+]
+PAPER_LEVELS: dict[str, dict[str, float]] = {
+    "L1": {"pass_rate": 1.00, "faster_compile": 0.97, "geomean_vs_compile": 1.87},
+    "L2": {"pass_rate": 1.00, "faster_compile": 1.00, "geomean_vs_compile": 2.80},
+    "L3": {"pass_rate": 0.94, "faster_compile": 0.90, "geomean_vs_compile": 1.52},
+}
+
+FAILURE_LABELS = {
+    "compile_error": "compile error",
+    "wrong_result": "wrong result",
+    "forbidden_op": "forbidden op",
+    "timeout": "timeout",
+    "crash": "crash",
+    "missing": "no solution",
+}
+ENV_LABELS = [
+    ("precision", "precision policy"),
+    ("profiler", "profiler"),
+    ("gpu", "GPU"),
+    ("device", "device"),
+    ("torch", "torch"),
+    ("cuda", "CUDA"),
+    ("triton", "triton"),
+    ("driver", "driver"),
+    ("python", "Python"),
+    ("platform", "platform"),
+    ("packages", "cuda-agent packages"),
+]
+
+
+# --- formatting -----------------------------------------------------------------------
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def times(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.4g} ms"
+
+
+# --- environment --------------------------------------------------------------------
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return _md.version(dist)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None = None) -> dict:
+    """What the numbers were measured with.
+
+    Values reported by the profiler/verifier jobs (in each result's metadata) win over
+    what this process sees: the jobs ran on the measuring machine.
+    """
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    pkgs = {}
+    for dist in (
+        "cuda-agent-core",
+        "cuda-agent-sandbox",
+        "cuda-agent-rewards",
+        "cuda-agent-datasets",
+        "cuda-agent-evaluation",
+    ):
+        v = _version(dist)
+        if v:
+            pkgs[dist.removeprefix("cuda-agent-")] = v
+    env["packages"] = pkgs
+    torch_v = _version("torch")
+    if torch_v:
+        env["torch"] = torch_v
+    # what the measuring jobs reported (first value seen for each key)
+    seen: dict[str, set] = {}
+    for r in results:
+        for part in ("profile", "verify"):
+            md = (r.metadata or {}).get(part) or {}
+            for key, value in md.items():
+                if isinstance(value, (str, int, float, bool)) or value is None:
+                    seen.setdefault(key, set()).add(value)
+    for key, values in seen.items():
+        values.discard(None)
+        if not values:
+            continue
+        env[key] = sorted(map(str, values))[0] if len(values) == 1 else " | ".join(sorted(map(str, values)))
+    for key, value in (extra or {}).items():
+        if value is not None and value != "":
+            env.setdefault(key, value)
+    env.setdefault("precision", "unknown")
+    env.setdefault("profiler", "unknown")
+    env.setdefault("gpu", "none")
+    return env
+
+
+# --- JSON --------------------------------------------------------------------------
+
+
+def build_report(
+    results: Sequence[TaskResult],
+    *,
+    info: dict | None = None,
+    environment: dict | None = None,
+    margin: float = 0.05,
+) -> dict:
+    """The whole report as one JSON-ready mapping."""
+    results = sorted(results, key=_task_order)
+    return {
+        "info": {"generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(info or {})},
+        "environment": environment if environment is not None else collect_environment(results),
+        "metrics": compute_metrics(results, margin),
+        "paper": {"overall": PAPER_ROWS, "levels": PAPER_LEVELS},
+        "tasks": [r.to_dict() for r in results],
+    }
+
+
+def _task_order(r: TaskResult) -> tuple:
+    num = r.task_id.rsplit("/", 1)[-1].split("_", 1)[0]
+    return (r.level if r.level is not None else 99, int(num) if num.isdigit() else 10**9, r.task_id)
+
+
+# --- Markdown ----------------------------------------------------------------------
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _levels(metrics: dict) -> list[str]:
+    return [k for k in metrics if k != "overall"]
+
+
+def _main_rows(report: dict, label: str) -> list[list[str]]:
+    rows = []
+    for p in PAPER_ROWS:
+        rows.append(
+            [
+                p["system"],
+                pct(p.get("pass_rate")),
+                pct(p.get("faster_eager")),
+                pct(p.get("faster_compile")),
+                times(p.get("geomean_vs_eager")),
+                times(p.get("geomean_vs_compile")),
+            ]
+        )
+    o = report["metrics"]["overall"]
+    rows.append(
+        [
+            f"**{label}**",
+            pct(o["pass_rate"]),
+            pct(o["faster_eager"]),
+            pct(o["faster_compile"]),
+            times(o["geomean_vs_eager"]),
+            times(o["geomean_vs_compile"]),
+        ]
+    )
+    return rows
+
+
+MAIN_HEADER = ["system", "pass", "faster than eager", "faster than compile", "geomean vs eager", "geomean vs compile"]
+LEVEL_HEADER = [
+    "level",
+    "tasks",
+    "pass",
+    "faster than eager",
+    "faster than compile",
+    "geomean vs eager",
+    "geomean vs compile",
+    "CUDA Agent (paper): pass / faster compile / geomean compile",
+]
+
+
+def _level_rows(report: dict) -> list[list[str]]:
+    m = report["metrics"]
+    rows = []
+    for k in _levels(m) + ["overall"]:
+        g = m[k]
+        if k == "overall":
+            p = PAPER_ROWS[-1]
+        else:
+            p = PAPER_LEVELS.get(k)
+        paper = f"{pct(p['pass_rate'])} / {pct(p['faster_compile'])} / {times(p['geomean_vs_compile'])}" if p else "—"
+        rows.append(
+            [
+                k,
+                str(g["n"]),
+                pct(g["pass_rate"]),
+                pct(g["faster_eager"]),
+                pct(g["faster_compile"]),
+                times(g["geomean_vs_eager"]),
+                times(g["geomean_vs_compile"]),
+                paper,
+            ]
+        )
+    return rows
+
+
+STRICT_HEADER = [
+    "level",
+    "faster than eager (strict)",
+    "faster than eager (>5%)",
+    "faster than compile (strict)",
+    "faster than compile (>5%)",
+]
+
+
+def _strict_rows(report: dict) -> list[list[str]]:
+    m = report["metrics"]
+    return [
+        [
+            k,
+            pct(m[k]["faster_eager_strict"]),
+            pct(m[k]["faster_eager"]),
+            pct(m[k]["faster_compile_strict"]),
+            pct(m[k]["faster_compile"]),
+        ]
+        for k in _levels(m) + ["overall"]
+    ]
+
+
+DIST_HEADER = ["level", "baseline", "solutions timed", "min", "p10", "p25", "median", "p75", "p90", "max"]
+
+
+def _dist_rows(report: dict) -> list[list[str]]:
+    m = report["metrics"]
+    rows = []
+    for k in _levels(m) + ["overall"]:
+        for base in ("eager", "compile"):
+            q = m[k][f"speedup_vs_{base}_quantiles"]
+            n = sum(b["count"] for b in m[k][f"speedup_vs_{base}_histogram"])
+            if q is None:
+                rows.append([k, base, "0"] + ["—"] * 7)
+            else:
+                rows.append([k, base, str(n)] + [times(q[x]) for x in ("min", "p10", "p25", "median", "p75", "p90", "max")])
+    return rows
+
+
+FAIL_HEADER = ["level", "tasks", "failed"] + [FAILURE_LABELS[f] for f in FAILURE_ORDER]
+
+
+def _fail_rows(report: dict) -> list[list[str]]:
+    m = report["metrics"]
+    rows = []
+    for k in _levels(m) + ["overall"]:
+        f = m[k]["failures"]
+        rows.append([k, str(m[k]["n"]), str(m[k]["n"] - m[k]["n_correct"])] + [str(f[c]) for c in FAILURE_ORDER])
+    return rows
+
+
+def _env_rows(env: dict) -> list[list[str]]:
+    rows = []
+    done = set()
+    for key, label in ENV_LABELS:
+        if key in env:
+            v = env[key]
+            if isinstance(v, dict):
+                v = ", ".join(f"{a} {b}" for a, b in v.items()) or "—"
+            rows.append([label, str(v)])
+            done.add(key)
+    for key in sorted(env):
+        if key not in done:
+            v = env[key]
+            rows.append([key, json.dumps(v) if isinstance(v, (dict, list)) else str(v)])
+    return rows
+
+
+TASK_HEADER = ["task", "level", "result", "t (ms)", "eager (ms)", "compile (ms)", "vs eager", "vs compile", "candidates", "note"]
+
+
+def _task_rows(report: dict) -> list[list[str]]:
+    rows = []
+    for t in report["tasks"]:
+        result = "correct" if t["correct"] else FAILURE_LABELS.get(t["failure"], t["failure"])
+        note = (t.get("message") or "").splitlines()[0][:120] if t.get("message") else ""
+        rows.append(
+            [
+                t["task_id"],
+                "—" if t["level"] is None else str(t["level"]),
+                result,
+                ms(t["t_candidate_ms"]),
+                ms(t["t_eager_ms"]),
+                ms(t["t_compile_ms"]),
+                times(t["speedup_vs_eager"]),
+                times(t["speedup_vs_compile"]),
+                str(t["candidates"]),
+                note,
+            ]
+        )
+    return rows
+
+
+def _title(report: dict) -> str:
+    return report["info"].get("title") or "KernelBench evaluation"
+
+
+def _label(report: dict) -> str:
+    return report["info"].get("label") or "this run"
+
+
+def _info_lines(report: dict) -> list[str]:
+    i = report["info"]
+    out = []
+    for key, label in (
+        ("run_id", "run"),
+        ("mode", "mode"),
+        ("dataset", "task set"),
+        ("solutions", "solutions"),
+        ("policy", "policy"),
+        ("generated", "generated"),
+        ("wall_seconds", "wall time (s)"),
+    ):
+        if i.get(key) not in (None, ""):
+            v = i[key]
+            if key == "wall_seconds":
+                v = f"{float(v):.1f}"
+            out.append(f"{label}: {v}")
+    return out
+
+
+def render_markdown(report: dict) -> str:
+    m = report["metrics"]
+    margin = m["overall"]["margin"]
+    parts = [f"# {_title(report)}", ""]
+    parts += [f"- {line}" for line in _info_lines(report)]
+    parts += [
+        "",
+        f"## Table 1: KernelBench, {m['overall']['n']} tasks",
+        "",
+        _md_table(MAIN_HEADER, _main_rows(report, _label(report))),
+        "",
+        f"\"Faster\" means more than {100 * margin:g}% lower time than the baseline (the paper's rule); "
+        "shares are over all tasks; geometric means are over correct solutions. "
+        "Paper rows are from the CUDA Agent paper (its own GPUs and software), shown for reference.",
+        "",
+        "## Per level",
+        "",
+        _md_table(LEVEL_HEADER, _level_rows(report)),
+        "",
+        "## Strictly faster and with the margin",
+        "",
+        _md_table(STRICT_HEADER, _strict_rows(report)),
+        "",
+        "## Speedup distribution (correct solutions)",
+        "",
+        _md_table(DIST_HEADER, _dist_rows(report)),
+        "",
+        "## Failures",
+        "",
+        _md_table(FAIL_HEADER, _fail_rows(report)),
+        "",
+        "## Measured with",
+        "",
+        _md_table(["", ""], _env_rows(report["environment"])),
+        "",
+        "## Tasks",
+        "",
+        _md_table(TASK_HEADER, _task_rows(report)),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+# --- HTML + SVG ---------------------------------------------------------------------
+
+GOOD = "#2e7d32"
+NEUTRAL = "#9e9e9e"
+SLOW = "#ef6c00"
+FAIL = "#c62828"
+FAIL_COLORS = {
+    "compile_error": "#6a1b9a",
+    "wrong_result": "#c62828",
+    "forbidden_op": "#ad1457",
+    "timeout": "#ef6c00",
+    "crash": "#4e342e",
+    "missing": "#757575",
+}
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+th,td{border:1px solid #ddd;padding:.3em .6em;text-align:right}
+th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
+tr.ours td{font-weight:bold;background:#e8f5e9}
+.note{color:#555;font-size:.9em;max-width:60em}
+.plots{display:flex;flex-wrap:wrap;gap:1em}
+figure{margin:0}figcaption{font-size:.9em;color:#444;text-align:center}
+svg text{font-size:11px;fill:#333}
+details{margin:.6em 0}
+td.fail{color:#c62828}td.ok{color:#2e7d32}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _html_table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "", ours_first_col: str | None = None) -> str:
+    out = [f'<table class="{_e(cls)}">' if cls else "<table>", "<thead><tr>"]
+    out += [f"<th>{_e(h)}</th>" for h in header]
+    out.append("</tr></thead><tbody>")
+    for row in rows:
+        first = str(row[0]).strip("*")
+        tr = '<tr class="ours">' if ours_first_col is not None and first == ours_first_col else "<tr>"
+        out.append(tr + "".join(f"<td>{_e(str(c).strip('*') if i == 0 else c)}</td>" for i, c in enumerate(row)) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _bar_color(s: float | None, margin: float) -> str:
+    if s is None:
+        return NEUTRAL
+    if s > 1.0 / (1.0 - margin):
+        return GOOD
+    if s < 1.0:
+        return SLOW
+    return NEUTRAL
+
+
+def svg_histogram(group: dict, level: str, baseline: str = "compile") -> str:
+    """Bars: how many correct solutions fall in each speedup bin."""
+    bins = group[f"speedup_vs_{baseline}_histogram"]
+    w, h, left, bottom, top = 520, 220, 36, 40, 16
+    bw = (w - left - 10) / len(bins)
+    peak = max([b["count"] for b in bins] + [1])
+    margin = group.get("margin", 0.05)
+    out = [
+        f'<svg class="hist" data-level="{_e(level)}" data-baseline="{baseline}" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="speedup distribution {level}">'
+    ]
+    y0 = h - bottom
+    out.append(f'<line x1="{left}" y1="{y0}" x2="{w - 10}" y2="{y0}" stroke="#333"/>')
+    for frac in (0.5, 1.0):
+        y = y0 - frac * (y0 - top)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{w - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{peak * frac:.3g}</text>')
+    for i, b in enumerate(bins):
+        x = left + i * bw
+        bh = (y0 - top) * b["count"] / peak
+        lo = b["lo"]
+        hi = b["hi"]
+        label = f"≥{lo:g}" if hi is None else f"{lo:g}–{hi:g}"
+        mid = lo * 1.01 if hi is None else (lo + hi) / 2
+        color = _bar_color(mid, margin) if not (lo < 1.0 < (hi or math.inf)) else NEUTRAL
+        out.append(
+            f'<rect class="hist-bar" data-bin="{_e(label)}" data-count="{b["count"]}" x="{x + 2:.1f}" y="{y0 - bh:.1f}" '
+            f'width="{bw - 4:.1f}" height="{bh:.1f}" fill="{color}"><title>{_e(label)}: {b["count"]}</title></rect>'
+        )
+        if b["count"]:
+            out.append(f'<text x="{x + bw / 2:.1f}" y="{y0 - bh - 3:.1f}" text-anchor="middle">{b["count"]}</text>')
+        out.append(
+            f'<text x="{x + bw / 2:.1f}" y="{y0 + 14}" text-anchor="middle" style="font-size:10px">{_e(label)}</text>'
+        )
+    out.append(f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">speedup vs {baseline} (x)</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def svg_task_bars(tasks: Sequence[dict], level: str, margin: float = 0.05, baseline: str = "compile") -> str:
+    """One bar per task: log-scale speedup vs ``baseline`` (up above 1x, down below);
+    failed tasks are red marks under the axis."""
+    n = max(len(tasks), 1)
+    left, right, top, bottom = 44, 10, 14, 28
+    bw = max(3.0, min(16.0, 1100.0 / n))
+    w = int(left + right + bw * n)
+    h = 260
+    lim = 4.0  # log2 range shown: 1/16x .. 16x
+    plot_h = h - top - bottom
+    y_one = top + plot_h / 2
+
+    def y_of(s: float) -> float:
+        v = max(-lim, min(lim, math.log2(s)))
+        return y_one - v / lim * (plot_h / 2)
+
+    out = [
+        f'<svg class="taskbars" data-level="{_e(level)}" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" role="img" aria-label="per-task speedup {level}">'
+    ]
+    for s in (1 / 16, 1 / 4, 1, 4, 16):
+        y = y_of(s)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{w - right}" y2="{y:.1f}" stroke="{"#333" if s == 1 else "#eee"}"/>')
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{s:g}x</text>')
+    for i, t in enumerate(tasks):
+        x = left + i * bw
+        s = t.get(f"speedup_vs_{baseline}")
+        tid = _e(t["task_id"])
+        if not t["correct"]:
+            label = FAILURE_LABELS.get(t["failure"], t["failure"])
+            out.append(
+                f'<rect class="task-bar fail" data-task="{tid}" data-failure="{_e(t["failure"])}" x="{x + 0.5:.1f}" '
+                f'y="{h - bottom + 4}" width="{max(bw - 1, 1):.1f}" height="8" fill="{FAIL_COLORS.get(t["failure"], FAIL)}">'
+                f"<title>{tid}: {_e(label)}</title></rect>"
+            )
+            continue
+        if s is None:
+            out.append(
+                f'<rect class="task-bar untimed" data-task="{tid}" x="{x + 0.5:.1f}" y="{y_one - 1:.1f}" '
+                f'width="{max(bw - 1, 1):.1f}" height="2" fill="{NEUTRAL}"><title>{tid}: correct, not timed</title></rect>'
+            )
+            continue
+        y = y_of(s)
+        y_top, bh = (y, y_one - y) if y < y_one else (y_one, y - y_one)
+        out.append(
+            f'<rect class="task-bar ok" data-task="{tid}" data-speedup="{s:.4g}" x="{x + 0.5:.1f}" y="{y_top:.1f}" '
+            f'width="{max(bw - 1, 1):.1f}" height="{max(bh, 1):.1f}" fill="{_bar_color(s, margin)}">'
+            f"<title>{tid}: {s:.3g}x vs {baseline}</title></rect>"
+        )
+    out.append(f'<text x="{left}" y="{h - 4}">{len(tasks)} tasks in order; marks under the axis: failed (colour = failure category)</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def svg_failures(metrics: dict) -> str:
+    """Horizontal bars: tasks per failure category, one row per category, stacked by level."""
+    levels = _levels(metrics)
+    cats = FAILURE_ORDER
+    total = metrics["overall"]["failures"]
+    peak = max([total[c] for c in cats] + [1])
+    left, w, row = 110, 520, 26
+    h = row * len(cats) + 40
+    palette = ["#1565c0", "#00897b", "#f9a825", "#6d4c41", "#8e24aa"]
+    out = [
+        f'<svg class="failures" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+        f'role="img" aria-label="failure categories">'
+    ]
+    span = w - left - 50
+    for i, c in enumerate(cats):
+        y = 10 + i * row
+        out.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end">{_e(FAILURE_LABELS[c])}</text>')
+        x = left
+        for j, lv in enumerate(levels):
+            k = metrics[lv]["failures"][c]
+            if not k:
+                continue
+            bw = span * k / peak
+            out.append(
+                f'<rect class="fail-bar" data-category="{c}" data-level="{_e(lv)}" data-count="{k}" x="{x:.1f}" y="{y}" '
+                f'width="{bw:.1f}" height="{row - 8}" fill="{palette[j % len(palette)]}"><title>{_e(lv)}: {k}</title></rect>'
+            )
+            x += bw
+        out.append(f'<text class="fail-total" data-category="{c}" x="{x + 4:.1f}" y="{y + 15}">{total[c]}</text>')
+    ly = h - 12
+    for j, lv in enumerate(levels):
+        out.append(f'<rect x="{left + j * 70}" y="{ly - 9}" width="10" height="10" fill="{palette[j % len(palette)]}"/>')
+        out.append(f'<text x="{left + j * 70 + 14}" y="{ly}">{_e(lv)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render_html(report: dict) -> str:
+    m = report["metrics"]
+    margin = m["overall"]["margin"]
+    label = _label(report)
+    title = _title(report)
+    levels = _levels(m)
+    by_level: dict[str, list[dict]] = {lv: [] for lv in levels}
+    for t in report["tasks"]:
+        key = f"L{t['level']}" if t["level"] is not None else "other"
+        by_level.setdefault(key, []).append(t)
+
+    body = [f"<h1>{_e(title)}</h1>", "<ul class=\"info\">"]
+    body += [f"<li>{_e(line)}</li>" for line in _info_lines(report)]
+    body.append("</ul>")
+    body.append(f'<h2 id="table1">Table 1: KernelBench, {m["overall"]["n"]} tasks</h2>')
+    body.append(_html_table(MAIN_HEADER, _main_rows(report, label), "table1", ours_first_col=label))
+    body.append(
+        f'<p class="note">"Faster" means more than {100 * margin:g}% lower time than the baseline (the paper\'s rule); '
+        "shares are over all tasks, geometric means over correct solutions. Paper rows come from the CUDA Agent "
+        "paper (its own GPUs and software) and are shown for reference.</p>"
+    )
+    body.append('<h2 id="levels">Per level</h2>')
+    body.append(_html_table(LEVEL_HEADER, _level_rows(report), "levels"))
+    body.append('<h2 id="strict">Strictly faster and with the margin</h2>')
+    body.append(_html_table(STRICT_HEADER, _strict_rows(report), "strict"))
+
+    body.append('<h2 id="distribution">Speedup distribution</h2><div class="plots">')
+    for lv in levels + ["overall"]:
+        body.append(f"<figure>{svg_histogram(m[lv], lv)}<figcaption>{_e(lv)}: speedup vs torch.compile</figcaption></figure>")
+    body.append("</div>")
+    body.append(_html_table(DIST_HEADER, _dist_rows(report), "distribution"))
+
+    body.append('<h2 id="tasks-plot">Per task</h2>')
+    for lv in levels:
+        body.append(
+            f"<figure>{svg_task_bars(by_level.get(lv, []), lv, margin)}"
+            f"<figcaption>{_e(lv)}: speedup vs torch.compile per task (log scale)</figcaption></figure>"
+        )
+
+    body.append('<h2 id="failures">Failures</h2>')
+    body.append(f"<figure>{svg_failures(m)}<figcaption>failed tasks by category and level</figcaption></figure>")
+    body.append(_html_table(FAIL_HEADER, _fail_rows(report), "failures"))
+
+    body.append('<h2 id="environment">Measured with</h2>')
+    body.append(_html_table(["", ""], _env_rows(report["environment"]), "environment"))
+
+    body.append('<h2 id="task-table">Tasks</h2><details open><summary>all tasks</summary>')
+    rows = []
+    for row, t in zip(_task_rows(report), report["tasks"]):
+        cls = "ok" if t["correct"] else "fail"
+        rows.append(
+            f'<tr data-task="{_e(t["task_id"])}">'
+            + "".join(f'<td class="{cls}">{_e(c)}</td>' if i == 2 else f"<td>{_e(c)}</td>" for i, c in enumerate(row))
+            + "</tr>"
+        )
+    body.append(
+        '<table class="tasks"><thead><tr>'
+        + "".join(f"<th>{_e(h)}</th>" for h in TASK_HEADER)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></details>"
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+# --- writing ------------------------------------------------------------------------
+
+
+def write_reports(report: dict, out_dir: str | Path, formats: Sequence[str] = ("json", "md", "html")) -> dict[str, Path]:
+    """Write ``results.json``, ``report.md`` and ``report.html`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    if "json" in formats:
+        p = out / "results.json"
+        p.write_text(json.dumps(report, indent=2, default=str))
+        paths["json"] = p
+    if "md" in formats:
+        p = out / "report.md"
+        p.write_text(render_markdown(report))
+        paths["md"] = p
+    if "html" in formats:
+        p = out / "report.html"
+        p.write_text(render_html(report), encoding="utf-8")
+        paths["html"] = p
+    return paths
