@@ -1,0 +1,22 @@
+"""Health checks a worker runs after each job: is the process still fit for another?"""
+
+from __future__ import annotations
+
+import sys
+
+
+def cuda_health() -> str | None:
+    """Synchronize the device and run a tiny kernel: a sticky CUDA error (illegal memory
+    access, device-side assert, ...) makes this raise, and the pool then replaces the worker."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    torch.cuda.synchronize()
+    x = torch.ones(4, device="cuda")
+    if float((x + 1).sum().item()) != 8.0:
+        return "the device returned a wrong result for a trivial kernel"
+    return None
+
+
+def no_health() -> str | None:
+    return None
