@@ -1,0 +1,183 @@
+"""A resumable, parallel runner over a task set.
+
+Each finished task is appended as one JSON line to ``results.jsonl`` in the run folder
+(flushed and synced), so an interrupted run restarted on the same folder skips the
+tasks already scored. Tasks run on a thread pool: each thread prepares a task's
+candidates and waits on jobs it submitted to the executor, which keeps one job per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from cuda_agent.core.types import FailureCategory, Task
+
+from .metrics import TaskResult
+
+RESULTS_FILE = "results.jsonl"
+
+
+class ResultStore:
+    """Append-only JSON lines of :class:`TaskResult`; the last line for a task wins."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, TaskResult]:
+        out: dict[str, TaskResult] = {}
+        if not self.path.exists():
+            return out
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    r = TaskResult.from_dict(json.loads(line))
+                except (json.JSONDecodeError, TypeError):
+                    continue  # a line cut short by a kill
+                out[r.task_id] = r
+        return out
+
+    def finished(self) -> dict[str, TaskResult]:
+        """Results that count as done (a harness error is retried on resume)."""
+        return {k: r for k, r in self.load().items() if not r.metadata.get("harness_error")}
+
+    def append(self, result: TaskResult) -> None:
+        line = json.dumps(result.to_dict(), default=str)
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                # a kill can cut the previous write short: start on a fresh line
+                if f.tell() > 0:
+                    with open(self.path, "rb") as r:
+                        r.seek(-1, os.SEEK_END)
+                        if r.read(1) != b"\n":
+                            f.write("\n")
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def harness_error_result(task: Task, exc: BaseException, seconds: float) -> TaskResult:
+    """A task the harness itself failed on (not the candidate's fault): retried on resume."""
+    msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    return TaskResult(
+        task_id=task.id,
+        level=task.level,
+        name=task.name,
+        correct=False,
+        failure=FailureCategory.CRASH.value,
+        message=f"evaluation error: {msg}",
+        seconds=seconds,
+        metadata={"harness_error": True, "traceback": traceback.format_exc()[-4000:]},
+    )
+
+
+def run_tasks(
+    tasks: Sequence[Task],
+    score: Callable[[Task], TaskResult],
+    store: ResultStore,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    desc: str = "eval",
+    on_result: Callable[[TaskResult], Any] | None = None,
+    log: Any = None,
+) -> list[TaskResult]:
+    """Score every task not already in ``store``; returns the results of all ``tasks``.
+
+    ``score(task)`` returns the task's :class:`TaskResult`; an exception it raises is
+    recorded as a harness error (retried when the run is resumed). On
+    KeyboardInterrupt, tasks not started are dropped, results that arrive after it
+    are not recorded, and the interrupt propagates.
+    """
+    done = store.finished()
+    todo = [t for t in tasks if t.id not in done]
+    ids = {t.id for t in tasks}
+    results: dict[str, TaskResult] = {k: v for k, v in done.items() if k in ids}
+    if log is not None:
+        log.info("eval.tasks", total=len(tasks), finished=len(results), todo=len(todo), workers=workers)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks), initial=len(results), desc=desc, unit="task", dynamic_ncols=True, smoothing=0.1)
+        _postfix(bar, results.values())
+    stop = threading.Event()
+
+    def one(task: Task) -> TaskResult | None:
+        if stop.is_set():
+            return None
+        t0 = time.perf_counter()
+        try:
+            r = score(task)
+        except Exception as exc:  # the harness failed, not the candidate
+            r = harness_error_result(task, exc, time.perf_counter() - t0)
+        if not r.seconds:
+            r.seconds = time.perf_counter() - t0
+        if stop.is_set():
+            return None
+        store.append(r)
+        return r
+
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="eval")
+    pending: set[Future] = set()
+    try:
+        it = iter(todo)
+        # keep at most `workers` tasks in flight so an interrupt leaves little unfinished
+        for task in it:
+            pending.add(pool.submit(one, task))
+            if len(pending) >= max(1, workers):
+                break
+        while pending:
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                r = fut.result()
+                if r is None:
+                    continue
+                results[r.task_id] = r
+                if on_result is not None:
+                    on_result(r)
+                if log is not None:
+                    log.info(
+                        "eval.task",
+                        task_id=r.task_id,
+                        correct=r.correct,
+                        failure=r.failure,
+                        speedup_vs_compile=r.speedup_vs_compile,
+                        seconds=round(r.seconds, 2),
+                    )
+                if bar is not None:
+                    bar.update(1)
+                    _postfix(bar, results.values())
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.add(pool.submit(one, nxt))
+    except BaseException:
+        stop.set()
+        for fut in pending:
+            fut.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
+        if bar is not None:
+            bar.close()
+    return [results[t.id] for t in tasks if t.id in results]
+
+
+def _postfix(bar: Any, results: Iterable[TaskResult]) -> None:
+    rs = list(results)
+    if not rs:
+        return
+    ok = sum(r.correct for r in rs)
+    fast = sum(1 for r in rs if r.correct and (r.speedup_vs_compile or 0) > 1 / 0.95)
+    bar.set_postfix_str(f"pass {ok}/{len(rs)} faster-than-compile {fast}", refresh=False)
