@@ -103,8 +103,7 @@ class ShellSession:
                         status_text = self.reader.buf[pos + len(needle) : end]
                         out = bytes(self.reader.buf[start:pos])
                         del self.reader.buf[: end + 1]
-                        if out.endswith(b"\n"):
-                            out = out[:-1]
+                        out = out.rstrip(b"\n")
                         try:
                             status = int(status_text)
                         except ValueError:
