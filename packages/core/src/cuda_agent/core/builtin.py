@@ -10,3 +10,19 @@ from .trackers import ConsoleTracker, JsonlTracker
 def register_trackers(register):
     register(JsonlTracker)
     register(ConsoleTracker)
+
+
+@hookimpl
+def register_agent_tools(register):
+    from .tools import ALL_TOOLS
+
+    for tool in ALL_TOOLS:
+        register(tool)
+
+
+@hookimpl
+def register_policies(register):
+    from .policies import policy_classes
+
+    for policy in policy_classes():
+        register(policy)

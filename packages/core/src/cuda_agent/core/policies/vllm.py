@@ -1,0 +1,66 @@
+"""``vllm`` policy: an in-process vLLM engine, token-level (optional extra: ``pip install vllm``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..interfaces import Policy
+
+
+@dataclass
+class VLLMOptions:
+    model: str = ""
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.8
+    max_model_len: int = 131072
+    tensor_parallel_size: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8192
+    seed: int | None = 0
+    stop_tokens: list[str] = field(default_factory=lambda: ["<|im_end|>"])
+    engine_args: dict = field(default_factory=dict)  # passed to vllm.LLM as they are
+
+
+class VLLMPolicy(Policy):
+    """Token-level generation with ``vllm.LLM``: sampled ids and their log-probs (logprobs=0)."""
+
+    name = "vllm"
+    description = "In-process vLLM engine, token-level with log-probs (needs the vllm extra)."
+    Options = VLLMOptions
+    token_level = True
+
+    def __init__(self, options: VLLMOptions | None = None):
+        super().__init__(options)
+        try:
+            import vllm
+        except ImportError:
+            raise ConfigError("policy vllm needs the vllm package (pip install vllm)")
+        o = self.options
+        if not o.model:
+            raise ConfigError("policy vllm needs options.model")
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=o.model, dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
+                            max_model_len=o.max_model_len, tensor_parallel_size=o.tensor_parallel_size,
+                            seed=o.seed or 0, **o.engine_args)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.stop_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in o.stop_tokens]
+        self.stop_ids = [int(i) for i in self.stop_ids if i is not None and i != self.tokenizer.unk_token_id]
+
+    def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
+        o = self.options
+        params = self._vllm.SamplingParams(
+            max_tokens=int(sampling.get("max_tokens") or o.max_new_tokens),
+            temperature=float(sampling.get("temperature", o.temperature)),
+            top_p=float(sampling.get("top_p", o.top_p)),
+            logprobs=0,
+            stop_token_ids=self.stop_ids,
+            skip_special_tokens=False,
+        )
+        out = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)[0].outputs[0]
+        ids = [int(i) for i in out.token_ids]
+        lps = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
+        if len(lps) != len(ids):
+            lps = lps + [0.0] * (len(ids) - len(lps))
+        return ids, lps, "stop" if out.finish_reason == "stop" else "length"
