@@ -1,5 +1,19 @@
-"""Built-in evaluation plugin: registers this package's components."""
+"""Built-in evaluation plugin: the ``eval`` config section and the ``eval``/``baselines`` commands."""
 
 from __future__ import annotations
 
-from cuda_agent.core.hookspecs import hookimpl  # noqa: F401
+from pathlib import Path
+
+from cuda_agent.core.hookspecs import hookimpl
+
+
+@hookimpl
+def register_config_fragments(register):
+    register("evaluation", Path(__file__).parent / "configs" / "eval.yaml")
+
+
+@hookimpl
+def register_commands(cli):
+    from .commands import register
+
+    register(cli)

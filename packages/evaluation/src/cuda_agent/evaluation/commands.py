@@ -1,0 +1,116 @@
+"""``cuda-agent eval`` and ``cuda-agent baselines``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from cuda_agent.core.cli import split_args
+from cuda_agent.core.errors import ConfigError
+
+
+def _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids) -> list[str]:
+    ov = []
+    if levels:
+        nums = [x.strip().lstrip("Ll") for x in levels.split(",") if x.strip()]
+        if not all(n.isdigit() for n in nums):
+            raise ConfigError(f"--levels takes numbers like 1,2,3, got {levels!r}")
+        ov.append(f"eval.levels=[{','.join(nums)}]")
+    if limit is not None:
+        ov.append(f"eval.limit={int(limit)}")
+    if solutions:
+        ov.append(f"eval.solutions={Path(solutions).resolve()}")
+    if resume:
+        ov.append(f"run.resume={Path(resume).resolve()}")
+    if workers is not None:
+        ov.append(f"eval.workers={int(workers)}")
+    if shard:
+        ov.append(f"eval.shard='{shard}'")
+    if ids:
+        ov.append(f"eval.ids=[{','.join(repr(x.strip()) for x in ids.split(',') if x.strip())}]")
+    return ov
+
+
+_common = [
+    click.option("--levels", default=None, help="Only these levels, e.g. 1,2."),
+    click.option("--limit", type=int, default=None, help="Only the first N tasks."),
+    click.option("--ids", default=None, help="Only these task ids (comma separated; globs allowed)."),
+    click.option("--shard", default=None, help="i/n: the i-th of n interleaved slices of the tasks."),
+    click.option("--workers", type=int, default=None, help="Tasks in flight at once (default: 2 per device)."),
+]
+
+
+def _with_common(fn):
+    for opt in reversed(_common):
+        fn = opt(fn)
+    return fn
+
+
+@click.command("eval", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1)
+@click.option("--solutions", type=click.Path(), default=None, help="Score this folder of solutions (no agent).")
+@click.option("--resume", type=click.Path(), default=None, help="Continue an interrupted eval run folder.")
+@click.option("--report-only", is_flag=True, help="Only re-render the reports of --resume's run folder.")
+@_with_common
+def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, workers) -> None:
+    """Evaluate a policy (or a folder of solutions) on a task set; KernelBench L1-L3 by default.
+
+    ARGS are config files and key=value overrides. Results, results.json, report.md and
+    report.html go to the run folder. Interrupted runs continue with --resume RUN_DIR.
+    """
+    from cuda_agent.core.config import compose
+
+    from .evaluate import evaluate, rerender
+
+    files, overrides = split_args(args)
+    if report_only:
+        if not resume:
+            raise ConfigError("--report-only needs --resume RUN_DIR")
+        paths = rerender(Path(resume))
+        for kind, p in paths.items():
+            click.echo(f"{kind}: {p}")
+        return
+    overrides += _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids)
+    cfg = compose(files, overrides)
+    out = evaluate(cfg)
+    click.echo("")
+    click.echo(out["summary"])
+    click.echo("")
+    for kind, p in out["paths"].items():
+        click.echo(f"{kind}: {p}")
+
+
+@click.command("baselines", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1)
+@click.option("--force", is_flag=True, help="Measure again even where the cache has a timing.")
+@_with_common
+def baselines_cmd(args, force, levels, limit, ids, shard, workers) -> None:
+    """Measure eager and torch.compile times of a task set and cache them for profiling."""
+    from cuda_agent.core.config import compose
+
+    from .evaluate import measure_all_baselines
+
+    files, overrides = split_args(args)
+    overrides += _overrides_from_options(levels, limit, None, None, workers, shard, ids)
+    cfg = compose(files, overrides)
+    t0 = time.perf_counter()
+    rows = measure_all_baselines(cfg, force=force)
+    click.echo(_baseline_table(rows))
+    click.echo(f"\n{len(rows)} tasks in {time.perf_counter() - t0:.1f} s")
+
+
+def _baseline_table(rows: Sequence[dict[str, Any]]) -> str:
+    out = [f"{'task':<48} {'eager ms':>10} {'compile ms':>11} {'cached':>7}  note"]
+    for r in rows:
+        e = f"{r['eager_ms']:.4g}" if r.get("eager_ms") is not None else "—"
+        c = f"{r['compile_ms']:.4g}" if r.get("compile_ms") is not None else "—"
+        out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {('yes' if r.get('cached') else 'no'):>7}  {r.get('error') or ''}")
+    return "\n".join(out)
+
+
+def register(cli: Any) -> None:
+    cli.add_command(eval_cmd)
+    cli.add_command(baselines_cmd)

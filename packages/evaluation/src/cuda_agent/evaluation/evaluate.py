@@ -1,0 +1,253 @@
+"""Evaluation runs: tasks from a dataset plugin, scored by solutions or by an agent, in a run folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cuda_agent.core.errors import ConfigError
+from cuda_agent.core.plugins import get_plugin_manager
+from cuda_agent.core.types import Task
+
+from .metrics import TaskResult
+from .report import _md_table, MAIN_HEADER, _main_rows, build_report, collect_environment, write_reports
+from .runner import RESULTS_FILE, ResultStore, run_tasks
+from .scoring import AgentScorer, ScoringOptions, SolutionScorer, select_tasks
+from .solutions import load_solutions, match_solutions
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, DictConfig) or OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def load_tasks(cfg: DictConfig, pm: Any = None) -> list[Task]:
+    """The tasks of ``eval.dataset`` (or the top-level ``dataset``), selected by eval.levels/ids/shard/limit."""
+    pm = pm or get_plugin_manager()
+    e = cfg.eval
+    spec = _plain(e.get("dataset"))
+    where = "eval.dataset"
+    if not spec or not spec.get("name"):
+        spec, where = _plain(cfg.get("dataset")), "dataset"
+    if not spec or not spec.get("name"):
+        # KernelBench levels 1-3 by default; its root comes from $CUDA_AGENT_KERNELBENCH
+        spec, where = {"name": "kernelbench", "options": (_plain(e.get("dataset")) or {}).get("options") or {}}, "eval.dataset"
+    ds = pm.create("dataset", spec, where=where)
+    tasks = list(ds.tasks())
+    levels = _plain(e.get("levels"))
+    if isinstance(levels, int):
+        levels = [levels]
+    ids = _plain(e.get("ids"))
+    if isinstance(ids, str):
+        ids = [ids]
+    return select_tasks(tasks, levels=levels, ids=ids, limit=e.get("limit"), shard=e.get("shard"))
+
+
+def _dataset_name(cfg: DictConfig) -> str:
+    for node in (cfg.eval.get("dataset"), cfg.get("dataset")):
+        spec = _plain(node)
+        if isinstance(spec, dict) and spec.get("name"):
+            return str(spec["name"])
+    return "kernelbench"
+
+
+def resolve_backend(cfg: DictConfig, executor: Any) -> str:
+    b = str(cfg.get("backend") or "auto")
+    if b == "auto":
+        return getattr(executor, "backend", "cuda")
+    if b not in ("cuda", "cpu"):
+        raise ConfigError(f"backend must be auto, cuda or cpu, got {b!r}")
+    return b
+
+
+def _device_count(executor: Any) -> int:
+    try:
+        return max(1, len(executor.devices))
+    except Exception:
+        return 1
+
+
+def _scoring_options(cfg: DictConfig, backend: str, work_dir: Path) -> ScoringOptions:
+    e = cfg.eval
+    return ScoringOptions(
+        backend=backend,
+        compiler=_plain(cfg.get("compiler")),
+        work_dir=str(work_dir),
+        verify_options=dict(_plain(e.verify.get("options")) or {}),
+        profile_options=dict(_plain(e.profile.get("options")) or {}),
+        verify_timeout=e.verify.get("timeout"),
+        profile_timeout=e.profile.get("timeout"),
+        enforce_rules=bool(e.get("enforce_rules", True)),
+        keep_workspaces=bool(e.get("keep_workspaces", False)),
+    )
+
+
+def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions, run: Any) -> AgentScorer:
+    pol = _plain(cfg.get("policy"))
+    if not pol or not pol.get("name"):
+        raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
+    policy = pm.create("policy", pol, where="policy")
+    try:
+        from cuda_agent.sandbox.environment import CudaEnvironment
+    except ImportError as exc:
+        raise ConfigError(
+            "agent evaluation needs cuda_agent.sandbox.environment.CudaEnvironment (install cuda-agent-sandbox)"
+        ) from exc
+    from cuda_agent.core.agent import AgentOptions, TrajectoryStore
+
+    agent = dict(_plain(cfg.get("agent")) or {})
+    fields = set(AgentOptions.__dataclass_fields__)
+    agent_options = AgentOptions(**{k: v for k, v in agent.items() if k in fields})
+    agent_options.max_turns = int(cfg.eval.get("max_turns") or agent_options.max_turns)
+
+    def make_env(task: Task, dest: Path) -> Any:
+        if hasattr(CudaEnvironment, "from_config"):
+            return CudaEnvironment.from_config(task, dest, cfg, executor=executor)
+        return CudaEnvironment(task, dest, executor=executor, config=cfg)
+
+    return AgentScorer(
+        policy,
+        make_env,
+        attempts=int(cfg.eval.get("attempts") or 1),
+        agent_options=agent_options,
+        work_dir=opts.work_dir,
+        trajectories=TrajectoryStore(run.path("trajectories.jsonl")),
+        keep_workspaces=opts.keep_workspaces,
+    )
+
+
+def _extra_environment(cfg: DictConfig, backend: str, executor: Any) -> dict:
+    prof = _plain(cfg.get("profiler")) or {}
+    extra = {
+        "backend": backend,
+        "executor": f"{getattr(executor, 'name', '?')} ({_device_count(executor)} device(s))",
+        "profiler": prof.get("name") if isinstance(prof, dict) else None,
+    }
+    po = _plain(cfg.eval.profile.get("options")) or {}
+    if "precision" in po:
+        extra["precision"] = po["precision"]
+    return extra
+
+
+def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
+    """Run an evaluation described by a composed config; returns summary, paths and report."""
+    from cuda_agent.core.run import Run
+
+    pm = pm or get_plugin_manager()
+    e = cfg.eval
+    # everything that can be wrong with the input is checked before a run folder exists
+    tasks = load_tasks(cfg, pm)
+    if not tasks:
+        raise ConfigError("no tasks selected (check eval.levels, eval.ids, eval.shard, eval.limit)")
+    info: dict[str, Any] = {"dataset": _dataset_name(cfg)}
+    solutions = unmatched = None
+    if e.get("solutions"):
+        sols = load_solutions(e.solutions)
+        solutions, unmatched = match_solutions(tasks, sols)
+        info.update(mode="solutions", solutions=str(e.solutions), n_solutions=len(sols))
+        if unmatched:
+            info["unmatched_solutions"] = [s.label for s in unmatched][:200]
+    if cfg.run.get("name") in (None, "", "run"):
+        cfg.run.name = "eval"
+    with Run(cfg, command="eval", pm=pm) as run:
+        info["run_id"] = run.id
+        if unmatched:
+            run.log.warning("eval.unmatched_solutions", count=len(unmatched), first=unmatched[0].label)
+        executor = pm.create("executor", cfg.executor, where="executor")
+        t0 = time.perf_counter()
+        try:
+            backend = resolve_backend(cfg, executor)
+            work_dir = Path(e.work_dir) if e.get("work_dir") else run.path("workspaces")
+            opts = _scoring_options(cfg, backend, work_dir)
+            if solutions is not None:
+                scorer: Any = SolutionScorer(executor, solutions, opts, pm)
+                label = "solutions"
+            else:
+                scorer = _agent_scorer(cfg, pm, executor, opts, run)
+                info.update(mode="agent", policy=cfg.policy.name)
+                label = str(cfg.policy.name)
+            workers = int(e.get("workers") or 0) or 2 * _device_count(executor)
+            results = run_tasks(
+                tasks,
+                scorer.score,
+                ResultStore(run.path(RESULTS_FILE)),
+                workers=workers,
+                progress=bool(e.get("progress", True)),
+                desc=f"eval {run.id}",
+                log=run.log,
+            )
+            extra = _extra_environment(cfg, backend, executor)
+        finally:
+            executor.close()
+        wall = time.perf_counter() - t0
+        info.update(
+            title=e.get("title") or f"KernelBench evaluation: {run.id}",
+            label=e.get("label") or label,
+            wall_seconds=round(wall, 2),
+            tasks_selected=len(tasks),
+            tasks_scored=len(results),
+            workers=workers,
+        )
+        return _finish(run, results, info, collect_environment(results, extra), cfg)
+
+
+def _finish(run: Any, results: list[TaskResult], info: dict, environment: dict, cfg: DictConfig) -> dict:
+    e = cfg.eval
+    report = build_report(results, info=info, environment=environment, margin=float(e.get("margin", 0.05)))
+    formats = list(_plain(e.get("formats")) or ["json", "md", "html"])
+    paths = write_reports(report, run.dir, formats)
+    o = report["metrics"]["overall"]
+    flat = {k: v for k, v in o.items() if isinstance(v, (int, float)) and v is not None}
+    run.pm.hook.on_step_end(run=run, step=0, metrics={f"eval/{k}": v for k, v in flat.items()})
+    run.log.info("eval.done", **{k: flat.get(k) for k in ("n", "n_correct", "pass_rate", "faster_compile", "geomean_vs_compile")})
+    summary = _md_table(MAIN_HEADER, _main_rows(report, info.get("label") or "this run"))
+    return {"summary": summary, "paths": paths, "report": report, "run_dir": run.dir}
+
+
+def rerender(run_dir: Path) -> dict:
+    """Re-render the reports of a run folder from its results.jsonl (and earlier info)."""
+    run_dir = Path(run_dir)
+    store = ResultStore(run_dir / RESULTS_FILE)
+    results = list(store.load().values())
+    if not results:
+        raise ConfigError(f"{run_dir}: no {RESULTS_FILE} results to report")
+    prev = run_dir / "results.json"
+    info, env = {}, None
+    if prev.exists():
+        data = json.loads(prev.read_text())
+        info, env = data.get("info", {}), data.get("environment")
+    info.pop("generated", None)
+    report = build_report(results, info=info, environment=env or collect_environment(results))
+    return write_reports(report, run_dir)
+
+
+# --- baselines ---------------------------------------------------------------------
+
+
+def measure_all_baselines(cfg: DictConfig, force: bool = False, pm: Any = None) -> list[dict]:
+    """Measure (or read from the cache) eager and compile times of every selected task."""
+    from .baselines import measure_task_baselines
+
+    pm = pm or get_plugin_manager()
+    tasks = load_tasks(cfg, pm)
+    if not tasks:
+        raise ConfigError("no tasks selected (check eval.levels, eval.ids, eval.shard, eval.limit)")
+    executor = pm.create("executor", cfg.executor, where="executor")
+    try:
+        workers = int(cfg.eval.get("workers") or 0) or 2 * _device_count(executor)
+        return measure_task_baselines(
+            tasks,
+            executor,
+            options=dict(_plain(cfg.eval.profile.get("options")) or {}),
+            force=force,
+            workers=workers,
+            progress=bool(cfg.eval.get("progress", True)),
+            timeout=cfg.eval.profile.get("timeout"),
+        )
+    finally:
+        executor.close()
