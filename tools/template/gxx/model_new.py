@@ -1,0 +1,20 @@
+# Your solution. Keep the constructor signature and parameter names of Model (model.py).
+# Only tensor creation (torch.empty, torch.empty_like, ...) and your own kernels may run
+# in forward: no torch operators, no torch.nn.functional. See SKILL.md and examples/.
+import torch
+import torch.nn as nn
+
+from cuda_agent_runtime import load_kernels
+
+# The extern "C" functions of kernels/*.cpp, built by `python tools/compile.py`.
+# Call them with CPU tensors (their data pointer is passed), ints and floats.
+kernels = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args, **kwargs):  # replace with Model's exact signature
+        super().__init__()
+        raise NotImplementedError("write ModelNew: see SKILL.md and examples/")
+
+    def forward(self, *inputs):
+        raise NotImplementedError
