@@ -66,6 +66,10 @@ class HFPolicy(Policy):
             tid = self.tokenizer.convert_tokens_to_ids(t)
             if tid is not None and tid != self.tokenizer.unk_token_id:
                 self.stop_ids.add(int(tid))
+        import inspect
+
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self.generator = torch.Generator(device="cpu")
         if o.seed is not None:
             self.generator.manual_seed(int(o.seed))
@@ -107,7 +111,7 @@ class HFPolicy(Policy):
         with torch.no_grad():
             x = torch.tensor([prompt_ids], device=o.device)
             out = self.model(input_ids=x, use_cache=True)
-            past = out.past_key_values
+            past = self._past(out)
             logits = out.logits[0, -1]
             for _ in range(max_tokens):
                 logp = self._logp(logits, temperature)
@@ -116,10 +120,15 @@ class HFPolicy(Policy):
                 lps.append(float(logp[tok]))
                 if tok in self.stop_ids:
                     return ids, lps, "stop"
-                out = self.model(input_ids=torch.tensor([[tok]], device=o.device), past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = self.model(input_ids=torch.tensor([[tok]], device=o.device), use_cache=True,
+                                 **{self._cache_arg: past})
+                past = self._past(out)
                 logits = out.logits[0, -1]
         return ids, lps, "length"
+
+    def _past(self, out: Any) -> Any:
+        past = getattr(out, "cache", None)
+        return past if past is not None else getattr(out, "past_key_values", None)
 
     def score(self, ids: list[int], start: int, temperature: float | None = None) -> list[float]:
         """Log-probs of ``ids[start:]`` given their prefix, in one forward pass (teacher forcing)."""
