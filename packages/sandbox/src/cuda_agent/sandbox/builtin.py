@@ -18,3 +18,12 @@ def register_executors(register):
 @hookimpl
 def register_config_fragments(register):
     register("sandbox.executor", Path(__file__).parent / "configs" / "executor.yaml")
+
+
+@hookimpl
+def register_compilers(register):
+    from .compilers import CppExtensionCompiler, GxxCompiler, NvccCompiler
+
+    register(CppExtensionCompiler)
+    register(NvccCompiler)
+    register(GxxCompiler)

@@ -1,0 +1,200 @@
+"""Content-addressed build cache, build job slots and resource-limited tool runs.
+
+* Objects are stored under ``<cache>/objects/<key>.o`` where the key hashes everything
+  that decides the object: the compiler, its version, the flags, the target arch, the
+  source text and the text of the workspace headers. Same inputs, no rebuild, in any
+  workspace and any process.
+* Linked libraries are stored under ``<cache>/libs/<key>`` keyed by the object keys and
+  link flags: an unchanged workspace is served without running any tool.
+* Job slots: at most ``os.cpu_count()`` compiler processes run at once on the machine,
+  across threads and processes (file locks under ``<cache>/slots``), so builds of
+  different workspaces run in parallel without oversubscribing the cores.
+
+The cache location is ``$CUDA_AGENT_BUILD_CACHE`` or ``~/.cache/cuda-agent/build``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+ENV_CACHE = "CUDA_AGENT_BUILD_CACHE"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env)
+    return Path(os.path.expanduser("~")) / ".cache" / "cuda-agent" / "build"
+
+
+def sha256(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else p
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+_tool_versions: dict[tuple, str] = {}
+_tool_lock = threading.Lock()
+
+
+def tool_version(argv: Sequence[str]) -> str:
+    """``<tool> --version`` output (cached per process): part of every cache key."""
+    key = tuple(argv)
+    with _tool_lock:
+        if key in _tool_versions:
+            return _tool_versions[key]
+    try:
+        out = subprocess.run(list(argv) + ["--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = "unknown"
+    exe = shutil.which(argv[0]) or argv[0]
+    out = f"{exe}\n{out.strip()}"
+    with _tool_lock:
+        _tool_versions[key] = out
+    return out
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".tmp-", suffix=dst.suffix)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write(dst: Path, text: str) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dst)
+
+
+class BuildCache:
+    """The on-disk object and library store."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root else default_cache_dir()
+        for sub in ("objects", "libs", "tmp", "slots", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def object_path(self, key: str) -> Path:
+        return self.root / "objects" / key[:2] / f"{key}.o"
+
+    def lib_path(self, key: str, suffix: str = ".so") -> Path:
+        return self.root / "libs" / key[:2] / f"{key}{suffix}"
+
+    def tmp_path(self, suffix: str) -> Path:
+        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp", suffix=suffix)
+        os.close(fd)
+        return Path(tmp)
+
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock across processes (e.g. while building a shared header)."""
+        path = self.root / "locks" / f"{name}.lock"
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class JobSlots:
+    """At most ``n`` tool processes at once, across threads and processes."""
+
+    def __init__(self, directory: Path, n: int | None = None):
+        self.n = max(1, n or os.cpu_count() or 1)
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[int]:
+        delay = 0.005
+        while True:
+            for i in range(self.n):
+                f = open(self.dir / f"{i}.lock", "a")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    continue
+                try:
+                    yield i
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                    f.close()
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+@dataclass
+class ToolLimits:
+    """Resource limits of one compiler process (0 = unlimited)."""
+
+    timeout_s: float = 300.0
+    cpu_s: int = 600
+    memory_mb: int = 0  # address-space limit; compilers reserve a lot of it, so off by default
+    file_size_mb: int = 2048
+
+
+@dataclass
+class ToolRun:
+    argv: list[str]
+    exit_code: int
+    output: str
+    seconds: float
+    timed_out: bool
+
+
+def run_tool(argv: Sequence[str], cwd: Path, limits: ToolLimits | None = None,
+             env: dict | None = None, slots: JobSlots | None = None) -> ToolRun:
+    """Run a compiler/linker in its own process group under resource limits."""
+    from .sandboxes.limits import rlimit_preexec
+
+    limits = limits or ToolLimits()
+    preexec = rlimit_preexec(cpu_s=limits.cpu_s, memory_mb=limits.memory_mb,
+                             file_size_mb=limits.file_size_mb, nproc=0, new_session=True)
+    ctx = slots.slot() if slots is not None else contextlib.nullcontext()
+    with ctx:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(list(argv), cwd=str(cwd), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, preexec_fn=preexec)
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=limits.timeout_s or None)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        seconds = time.monotonic() - t0
+    text = out.decode("utf-8", "replace")
+    if timed_out:
+        text += f"\n{argv[0]}: error: timed out after {limits.timeout_s:.0f} s and was killed\n"
+    return ToolRun(list(argv), proc.returncode if not timed_out else -9, text, seconds, timed_out)

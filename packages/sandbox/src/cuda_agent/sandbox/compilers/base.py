@@ -1,0 +1,267 @@
+"""The incremental, content-addressed build shared by every compiler plugin.
+
+A build turns the workspace's sources into object files (one per unit) and links them
+into one shared library:
+
+1. every unit gets a key: hash of compiler name, tool versions, flags, arch, the unit's
+   text and the text of every header in the workspace;
+2. units whose object is in the cache are not compiled (so an edit to one ``.cu``
+   compiles that unit only); the others compile in parallel within the machine's job slots;
+3. the link is keyed by the object keys: an unchanged workspace costs hashing only;
+4. the library is copied to ``<ws>/.cuda_agent/build/<name>-<linkkey>.so`` (a new name
+   per content, so a process can load a new build next to an old one) and
+   ``manifest.json`` names it for ``load_kernels()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from cuda_agent.core.errors import CudaAgentError
+from cuda_agent.core.interfaces import Compiler
+from cuda_agent.core.types import CompileResult
+
+from ..buildcache import BuildCache, JobSlots, ToolLimits, atomic_copy, atomic_write, run_tool, sha256
+from .diagnostics import log_tail, trim_errors
+from .signatures import SignatureError, extern_c_functions
+
+HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".hh", ".inc", ".inl")
+MANIFEST = "manifest.json"
+
+
+class BuildError(CudaAgentError):
+    """The toolchain is missing or misconfigured (not an error in the agent's code)."""
+
+
+@dataclass
+class Unit:
+    src: str  # path relative to the workspace root
+    argv_fn: object = None  # callable(out_obj: str) -> list[str]
+    key: str = ""
+
+
+@dataclass
+class CommonOptions:
+    cache_dir: str = ""  # default: $CUDA_AGENT_BUILD_CACHE or ~/.cache/cuda-agent/build
+    jobs: int = 0  # compiler processes at once on this machine; 0 = all cores
+    max_errors: int = 5
+    unit_timeout_s: float = 300.0
+    cpu_s: int = 900
+    memory_mb: int = 0
+    file_size_mb: int = 2048
+    extra_flags: list[str] = field(default_factory=list)
+
+
+def build_dir_of(workspace: Path) -> Path:
+    return Path(workspace) / ".cuda_agent" / "build"
+
+
+def read_manifest(build_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(build_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class IncrementalCompiler(Compiler):
+    """Base of the cpp_extension, nvcc and gxx compilers."""
+
+    artifact_kind: ClassVar[str] = "ctypes"  # or "torch_extension"
+    artifact_stem: ClassVar[str] = "kernels"
+    exports_c_functions: ClassVar[bool] = True
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self._cache: BuildCache | None = None
+        self._slots: JobSlots | None = None
+
+    # -- to implement --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def units(self, root: Path) -> list[Unit]:
+        """The compile units of the workspace, with their command lines."""
+
+    @abc.abstractmethod
+    def link_argv(self, objects: list[str], out: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def toolchain_id(self) -> str:
+        """Versions, flags and arch: everything besides sources that decides the output."""
+
+    def prepare(self, root: Path) -> None:
+        """Build shared inputs (e.g. a precompiled header) before the units."""
+
+    def no_sources_message(self) -> str:
+        return "kernels/ holds no source file to build"
+
+    # -- machinery -----------------------------------------------------------------
+
+    @property
+    def cache(self) -> BuildCache:
+        if self._cache is None:
+            self._cache = BuildCache(self.options.cache_dir or None)
+            self._slots = JobSlots(self._cache.root / "slots", self.options.jobs or None)
+        return self._cache
+
+    @property
+    def slots(self) -> JobSlots:
+        self.cache  # noqa: B018
+        return self._slots  # type: ignore[return-value]
+
+    def limits(self) -> ToolLimits:
+        o = self.options
+        return ToolLimits(timeout_s=o.unit_timeout_s, cpu_s=o.cpu_s, memory_mb=o.memory_mb,
+                          file_size_mb=o.file_size_mb)
+
+    def header_text(self, root: Path) -> str:
+        parts = []
+        for base in (root, root / "kernels"):
+            if not base.is_dir():
+                continue
+            for p in sorted(base.rglob("*") if base.name == "kernels" else base.glob("*")):
+                if p.is_file() and p.suffix in HEADER_SUFFIXES:
+                    parts.append(f"{p.relative_to(root)}\n{p.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    def _fail(self, t0: float, errors: list[str], log: str, build_dir: Path, rebuilt=None) -> CompileResult:
+        atomic_write(build_dir / MANIFEST, json.dumps({"ok": False, "errors": errors}, indent=1))
+        return CompileResult(ok=False, errors=errors, log=log_tail(log), seconds=time.monotonic() - t0,
+                             rebuilt_units=list(rebuilt or []))
+
+    def build(self, workspace: Path, build_dir: Path | None = None) -> CompileResult:
+        t0 = time.monotonic()
+        root = Path(workspace).resolve()
+        build_dir = Path(build_dir) if build_dir else build_dir_of(root)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        units = self.units(root)
+        if not units:
+            return self._fail(t0, [self.no_sources_message()], "", build_dir)
+
+        # exported C functions (for the ctypes loader)
+        functions: dict[str, dict] = {}
+        if self.exports_c_functions:
+            try:
+                for u in units:
+                    text = (root / u.src).read_text(errors="replace")
+                    for name, sig in extern_c_functions(text, u.src).items():
+                        functions[name] = sig
+            except SignatureError as exc:
+                return self._fail(t0, [str(exc)], str(exc), build_dir)
+            if not functions:
+                msg = 'no extern "C" function found in kernels/: export your launchers with extern "C"'
+                return self._fail(t0, [msg], msg, build_dir)
+
+        tool_id = self.toolchain_id()
+        headers = self.header_text(root)
+        for u in units:
+            src_text = (root / u.src).read_bytes()
+            u.key = sha256(self.name, tool_id, u.src, src_text, headers)
+        link_key = sha256(self.name, tool_id, "link", *sorted(u.key for u in units))
+        artifact = f"{self.artifact_stem}-{link_key[:16]}.so"
+
+        man = read_manifest(build_dir)
+        if man and man.get("ok") and man.get("link_key") == link_key and (build_dir / artifact).exists():
+            return CompileResult(ok=True, artifact=str(build_dir / artifact), cached=True,
+                                 seconds=time.monotonic() - t0, log="up to date")
+
+        cache = self.cache
+        todo = [u for u in units if not cache.object_path(u.key).exists()]
+        logs: list[str] = []
+        failed: list[str] = []
+        if todo:
+            try:
+                self.prepare(root)
+            except BuildError:
+                raise
+            with ThreadPoolExecutor(max_workers=min(len(todo), self.slots.n)) as pool:
+                runs = list(pool.map(lambda u: self._compile_unit(root, u), todo))
+            for u, (ok, out) in zip(todo, runs):
+                if out.strip():
+                    logs.append(out)
+                if not ok:
+                    failed.append(u.src)
+        rebuilt = [u.src for u in todo]
+        log = "\n".join(logs)
+        if failed:
+            errors = trim_errors(log, root, self.options.max_errors)
+            return self._fail(t0, errors, log, build_dir, rebuilt)
+
+        lib = cache.lib_path(link_key)
+        if not lib.exists():
+            tmp = cache.tmp_path(".so")
+            try:
+                argv = self.link_argv([str(cache.object_path(u.key)) for u in units], str(tmp))
+                run = run_tool(argv, root, self.limits(), slots=self.slots)
+                if run.exit_code != 0:
+                    errors = trim_errors(run.output, root, self.options.max_errors)
+                    return self._fail(t0, errors, log + "\n" + run.output, build_dir, rebuilt)
+                if run.output.strip():
+                    log += "\n" + run.output
+                lib.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, lib)
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        atomic_copy(lib, build_dir / artifact)
+        for old in build_dir.glob(f"{self.artifact_stem}-*.so"):
+            if old.name != artifact:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        manifest = {
+            "ok": True,
+            "kind": self.artifact_kind,
+            "artifact": artifact,
+            "module": getattr(self, "module_name", ""),
+            "backend": self.backend,
+            "compiler": self.name,
+            "link_key": link_key,
+            "units": {u.src: u.key for u in units},
+            "functions": functions,
+            "built_at": time.time(),
+        }
+        atomic_write(build_dir / MANIFEST, json.dumps(manifest, indent=1))
+        return CompileResult(ok=True, artifact=str(build_dir / artifact), log=log_tail(log),
+                             seconds=time.monotonic() - t0, cached=not todo, rebuilt_units=rebuilt)
+
+    def _compile_unit(self, root: Path, unit: Unit) -> tuple[bool, str]:
+        cache = self.cache
+        tmp = cache.tmp_path(".o")
+        try:
+            argv = unit.argv_fn(str(tmp))  # type: ignore[operator]
+            run = run_tool(argv, root, self.limits(), slots=self.slots)
+            if run.exit_code == 0 and tmp.stat().st_size > 0:
+                dst = cache.object_path(unit.key)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dst)
+                return True, run.output
+            return False, run.output or f"{unit.src}: error: compiler exited with {run.exit_code}"
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def agent_sources(root: Path, suffixes: tuple[str, ...], exclude_suffix: str | None = None,
+                  only_suffix: str | None = None) -> list[str]:
+    """Relative paths of ``kernels/**`` files with these suffixes."""
+    kdir = root / "kernels"
+    if not kdir.is_dir():
+        return []
+    out = []
+    for p in sorted(kdir.rglob("*")):
+        if not p.is_file() or p.suffix not in suffixes:
+            continue
+        name = p.name
+        if exclude_suffix and name.endswith(exclude_suffix):
+            continue
+        if only_suffix and not name.endswith(only_suffix):
+            continue
+        out.append(str(p.relative_to(root)))
+    return out
