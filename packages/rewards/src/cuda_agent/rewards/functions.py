@@ -20,6 +20,9 @@ def _raw(outcome: CandidateOutcome) -> dict:
             raw["compile_errors"] = c.errors[:5]
     if v is not None:
         raw["verify_message"] = v.message
+        raw["verify_seconds"] = v.seconds
+        if not v.ok and v.metadata.get("reason"):
+            raw["job_failure"] = v.metadata["reason"]  # timeout, crash, cuda_error, oom, exception
         errs = [ch.max_abs_err for ch in v.checks if ch.max_abs_err is not None]
         if errs:
             raw["max_abs_err"] = max(errs)
@@ -27,11 +30,14 @@ def _raw(outcome: CandidateOutcome) -> dict:
         if rels:
             raw["max_rel_err"] = max(rels)
     if p is not None:
+        raw["profile_seconds"] = p.seconds
         for label, timing in (("candidate", p.candidate), ("eager", p.eager), ("compile", p.compile)):
             if timing is not None:
                 raw[f"t_{label}_ms"] = timing.median_ms
                 raw[f"spread_{label}"] = timing.spread
-        raw["profile_metadata"] = dict(p.metadata)
+        raw["profile_metadata"] = {k: v for k, v in p.metadata.items() if k != "details"}
+        if not p.ok:
+            raw["profile_message"] = p.message
     return raw
 
 
