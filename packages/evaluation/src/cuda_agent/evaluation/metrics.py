@@ -105,6 +105,10 @@ def result_from_outcome(
             r.metadata["profile"] = dict(p.metadata)
     if outcome.verify is not None and outcome.verify.metadata:
         r.metadata["verify"] = dict(outcome.verify.metadata)
+    # where the time went: build, verification and profiling jobs (seconds)
+    for part, obj in (("compile", outcome.compile), ("verify", outcome.verify), ("profile", p)):
+        if obj is not None and getattr(obj, "seconds", None):
+            r.metadata[f"{part}_seconds"] = round(float(obj.seconds), 3)
     return r
 
 

@@ -120,6 +120,8 @@ def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None =
         for part in ("profile", "verify"):
             md = (r.metadata or {}).get(part) or {}
             for key, value in md.items():
+                if isinstance(value, dict):
+                    value = value.get("key") or value.get("name") or json.dumps(value, sort_keys=True, default=str)
                 if isinstance(value, (str, int, float, bool)) or value is None:
                     seen.setdefault(key, set()).add(value)
     for key, values in seen.items():

@@ -1,0 +1,219 @@
+"""Scoring a folder of solutions end to end on the CPU backend: real g++ builds, real
+verification and profiling jobs in the CPU executor, real reports."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.core.plugins import get_plugin_manager
+
+
+def _missing() -> str | None:
+    pm = get_plugin_manager()
+    if "kernelbench" not in pm.components("dataset"):
+        return "the kernelbench dataset plugin (cuda-agent-datasets) is not installed"
+    if "gxx" not in pm.components("compiler"):
+        return "the gxx compiler (cuda-agent-sandbox) is not registered"
+    try:
+        from cuda_agent.sandbox import jobs  # noqa: F401
+    except ImportError:
+        return "cuda_agent.sandbox.jobs (verification/profiling jobs) is not available"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+
+N = 4096
+
+
+def task(body: str, init: str = "[]") -> str:
+    return textwrap.dedent(
+        f"""
+        import torch
+        import torch.nn as nn
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, a, b):
+                return {body}
+
+
+        def get_inputs():
+            return [torch.randn({N}), torch.randn({N})]
+
+
+        def get_init_inputs():
+            return {init}
+        """
+    )
+
+
+TASKS = {
+    "1_Add": task("a + b"),
+    "2_Sub": task("a - b"),
+    "3_Mul": task("a * b"),
+    "4_Max": task("torch.maximum(a, b)"),
+    "5_Min": task("torch.minimum(a, b)"),
+}
+
+MODEL_NEW = """
+import torch
+import torch.nn as nn
+
+from cuda_agent_runtime import load_kernels
+
+kernels = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        a = a.contiguous()
+        b = b.contiguous()
+        out = torch.empty_like(a)
+        kernels.{fn}(a, b, out, a.numel())
+        return out
+"""
+
+KERNEL = """
+#include <cstdint>
+extern "C" void {fn}(const float* a, const float* b, float* out, int64_t n) {{
+  for (int64_t i = 0; i < n; ++i) out[i] = {expr};
+}}
+"""
+
+FORBIDDEN = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.mul(a, b)
+"""
+
+
+def workspace_solution(root: Path, name: str, fn: str, expr: str, broken: bool = False) -> None:
+    d = root / name
+    (d / "kernels").mkdir(parents=True)
+    (d / "model_new.py").write_text(MODEL_NEW.format(fn=fn))
+    src = KERNEL.format(fn=fn, expr=expr)
+    if broken:
+        src = src.replace("out[i] =", "out[i] = undefined_symbol +")
+    (d / "kernels" / f"{fn}.cpp").write_text(src)
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    kb = tmp_path / "kb" / "level1"
+    kb.mkdir(parents=True)
+    for name, code in TASKS.items():
+        (kb / f"{name}.py").write_text(code)
+    sols = tmp_path / "solutions"
+    workspace_solution(sols, "L1__1_Add", "add", "a[i] + b[i]")  # correct
+    workspace_solution(sols, "L1__2_Sub", "sub", "a[i] + b[i]")  # wrong result
+    (sols / "level1").mkdir()
+    (sols / "level1" / "3_Mul.py").write_text(FORBIDDEN)  # KernelBench single-file form, torch op
+    workspace_solution(sols, "L1__4_Max", "vmax", "a[i] > b[i] ? a[i] : b[i]", broken=True)  # does not compile
+    # 5_Min: no solution
+    return tmp_path
+
+
+def overrides(tmp: Path) -> list[str]:
+    return [
+        "eval.dataset.name=kernelbench",
+        f"eval.dataset.options.root={tmp / 'kb'}",
+        f"eval.solutions={tmp / 'solutions'}",
+        "executor.name=cpu",
+        "backend=cpu",
+        f"run.output_dir={tmp / 'runs'}",
+        "eval.workers=2",
+        "logging.console=false",
+    ]
+
+
+EXPECTED = {
+    "L1/1_Add": "none",
+    "L1/2_Sub": "wrong_result",
+    "L1/3_Mul": "forbidden_op",
+    "L1/4_Max": "compile_error",
+    "L1/5_Min": "missing",
+}
+
+
+def test_score_folder_on_cpu(setup):
+    from cuda_agent.core.config import compose
+    from cuda_agent.evaluation.evaluate import evaluate
+
+    cfg = compose([], overrides(setup) + ["eval.progress=false"])
+    out = evaluate(cfg)
+    report = out["report"]
+    got = {t["task_id"]: t["failure"] for t in report["tasks"]}
+    assert got == EXPECTED, json.dumps(report["tasks"], indent=1)[:4000]
+    add = next(t for t in report["tasks"] if t["task_id"] == "L1/1_Add")
+    assert add["correct"] and add["t_candidate_ms"] > 0 and add["t_eager_ms"] > 0
+    assert add["speedup_vs_eager"] is not None and add["speedup_vs_compile"] is not None
+    m = report["metrics"]["overall"]
+    assert m["n"] == 5 and m["n_correct"] == 1 and m["pass_rate"] == pytest.approx(0.2)
+    assert m["failures"]["wrong_result"] == 1 and m["failures"]["forbidden_op"] == 1
+    assert m["failures"]["compile_error"] == 1 and m["failures"]["missing"] == 1
+    run_dir = Path(out["run_dir"])
+    for name in ("results.jsonl", "results.json", "report.md", "report.html", "config.yaml"):
+        assert (run_dir / name).exists(), name
+    md = (run_dir / "report.md").read_text()
+    assert "| **solutions** | 20.0% |" in md
+    env = report["environment"]
+    assert env["backend"] == "cpu"
+    assert env["profiler"] != "unknown" and env["precision"] != "unknown"
+
+
+def test_cli_resume_after_kill(setup):
+    env = dict(os.environ, CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1")
+    cmd = [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "eval.workers=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    runs = setup / "runs"
+    deadline = time.time() + 120
+    results = None
+    while time.time() < deadline:
+        found = list(runs.glob("*/results.jsonl"))
+        if found and found[0].read_text().count("\n") >= 2:
+            results = found[0]
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its executor workers
+    proc.wait(timeout=30)
+    assert results is not None, proc.stderr.read()[-3000:] if proc.stderr else "no results"
+    first = [json.loads(x)["task_id"] for x in results.read_text().splitlines() if x.strip().endswith("}")]
+    assert 2 <= len(first) < 5
+    run_dir = results.parent
+    res = subprocess.run(
+        [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip().endswith("}")]
+    ids = [x["task_id"] for x in lines]
+    assert sorted(set(ids)) == sorted(EXPECTED)
+    assert len(ids) == len(set(ids)), f"a finished task was scored again: {ids}"
+    assert {x["task_id"]: x["failure"] for x in lines} == EXPECTED
+    assert "faster than compile" in res.stdout and (run_dir / "report.html").exists()

@@ -1,0 +1,217 @@
+"""Benchmark of the evaluation harness: score the KernelBench references themselves as solutions.
+
+Each reference ``Model`` becomes a single-file (KernelBench-form) solution ``ModelNew(Model)``
+and goes through ``cuda-agent eval`` exactly as another system's solutions would: a fresh
+workspace, a verification job (5 random inputs against the reference) and a profiling job
+(candidate vs cached eager and torch.compile baselines) on the GPU executor, one job per GPU.
+Every task should come out correct with a speedup near 1x against eager. Forbidden-op
+checks are off (the references are plain PyTorch).
+
+Prints wall time and per-task overhead (task wall time not spent inside the verification
+and profiling jobs) and a per-level table; writes the run folder (results, reports) and a
+summary JSON under $OUT when set.
+
+Usage (from the repository root, on the GPU machine):
+
+    python3 scripts/gpu/eval_references.py --baselines-only --shard 0/3     # fill the cache
+    python3 scripts/gpu/eval_references.py --levels 1 --limit 20
+    python3 scripts/gpu/eval_references.py --shard 0/3                      # ... 1/3, 2/3
+    python3 scripts/gpu/eval_references.py --merge RUN_DIR [RUN_DIR ...]    # one report of all shards
+
+KernelBench is found by --root, $CUDA_AGENT_KERNELBENCH, or ``shared/kernelbench`` /
+``../shared/kernelbench`` next to the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def find_root(arg: str | None) -> Path:
+    for cand in (arg, os.environ.get("CUDA_AGENT_KERNELBENCH"), REPO / "shared" / "kernelbench", REPO.parent / "shared" / "kernelbench"):
+        if cand and (Path(cand) / "level1").is_dir():
+            return Path(cand).resolve()
+    sys.exit("KernelBench not found: pass --root or set CUDA_AGENT_KERNELBENCH")
+
+
+def reference_solution(code: str) -> str:
+    return code.rstrip() + "\n\n\nclass ModelNew(Model):\n    \"\"\"The reference itself, scored as a solution.\"\"\"\n"
+
+
+def write_solutions(root: Path, dest: Path) -> int:
+    n = 0
+    for level_dir in sorted(root.glob("level[0-9]*")):
+        for f in sorted(level_dir.glob("*.py")):
+            out = dest / level_dir.name / f.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(reference_solution(f.read_text()))
+            n += 1
+    return n
+
+
+def overrides(args, root: Path, out_dir: Path) -> list[str]:
+    ov = [
+        f"eval.dataset.name=kernelbench",
+        f"eval.dataset.options.root={root}",
+        "eval.enforce_rules=false",
+        f"run.output_dir={out_dir}",
+        "run.name=references",
+        "eval.label=references",
+        "eval.title=KernelBench references scored as solutions",
+    ]
+    if args.levels:
+        ov.append(f"eval.levels=[{args.levels}]")
+    if args.limit is not None:
+        ov.append(f"eval.limit={args.limit}")
+    if args.shard:
+        ov.append(f"eval.shard='{args.shard}'")
+    if args.workers:
+        ov.append(f"eval.workers={args.workers}")
+    if args.resume:
+        ov.append(f"run.resume={Path(args.resume).resolve()}")
+    if args.cpu:
+        ov += ["executor.name=cpu", "backend=cpu"]
+    return ov + list(args.overrides)
+
+
+def summarize(report: dict, wall: float, n_new: int) -> dict:
+    tasks = report["tasks"]
+    job = [
+        (t["metadata"].get("verify_seconds", 0) or 0) + (t["metadata"].get("profile_seconds", 0) or 0)
+        for t in tasks
+    ]
+    secs = [t["seconds"] for t in tasks]
+    overhead = [max(0.0, s - j) for s, j in zip(secs, job)]
+    far = [t["task_id"] for t in tasks if t["correct"] and t["speedup_vs_eager"] and abs(t["speedup_vs_eager"] - 1) > 0.1]
+    return {
+        "tasks": len(tasks),
+        "scored_this_call": n_new,
+        "wall_seconds": round(wall, 1),
+        "wall_per_task": round(wall / max(n_new, 1), 2),
+        "mean_task_seconds": round(statistics.mean(secs), 2) if secs else None,
+        "mean_job_seconds": round(statistics.mean(job), 2) if job else None,
+        "mean_overhead_seconds": round(statistics.mean(overhead), 2) if overhead else None,
+        "median_overhead_seconds": round(statistics.median(overhead), 2) if overhead else None,
+        "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
+        "speedup_vs_eager_off_by_10pct": far,
+    }
+
+
+def print_table(report: dict, summary: dict) -> None:
+    m = report["metrics"]
+    print()
+    print(f"{'level':<8} {'tasks':>5} {'correct':>8} {'gm vs eager':>12} {'gm vs compile':>14} {'median vs eager':>16} {'within 10% of eager':>20}")
+    for k in [x for x in m if x != "overall"] + ["overall"]:
+        g = m[k]
+        q = g["speedup_vs_eager_quantiles"] or {}
+        lv_tasks = [t for t in report["tasks"] if (k == "overall" or f"L{t['level']}" == k) and t["correct"] and t["speedup_vs_eager"]]
+        near = sum(1 for t in lv_tasks if abs(t["speedup_vs_eager"] - 1) <= 0.1)
+        fmt = lambda x: "—" if x is None else f"{x:.3f}x"  # noqa: E731
+        print(
+            f"{k:<8} {g['n']:>5} {g['n_correct']:>8} {fmt(g['geomean_vs_eager']):>12} {fmt(g['geomean_vs_compile']):>14} "
+            f"{fmt(q.get('median')):>16} {near:>20}"
+        )
+    print()
+    for key in ("tasks", "scored_this_call", "wall_seconds", "wall_per_task", "mean_task_seconds", "mean_job_seconds",
+                "mean_overhead_seconds", "median_overhead_seconds"):
+        print(f"{key:<26} {summary[key]}")
+    if summary["not_correct"]:
+        print(f"not correct ({len(summary['not_correct'])}):")
+        for line in summary["not_correct"][:20]:
+            print("  " + line)
+    if summary["speedup_vs_eager_off_by_10pct"]:
+        print(f"correct but >10% from 1x vs eager: {len(summary['speedup_vs_eager_off_by_10pct'])}: "
+              + ", ".join(summary["speedup_vs_eager_off_by_10pct"][:15]))
+
+
+def merge(dirs: list[str], out_dir: Path) -> None:
+    from cuda_agent.evaluation.report import build_report, write_reports
+    from cuda_agent.evaluation.runner import ResultStore
+
+    results, env, info = {}, None, {"title": "KernelBench references scored as solutions (merged)", "label": "references"}
+    wall = 0.0
+    for d in dirs:
+        results.update(ResultStore(Path(d) / "results.jsonl").load())
+        data = json.loads((Path(d) / "results.json").read_text()) if (Path(d) / "results.json").exists() else {}
+        env = env or data.get("environment")
+        wall += float(data.get("info", {}).get("wall_seconds") or 0)
+    info["wall_seconds"] = wall
+    info["merged_from"] = dirs
+    report = build_report(list(results.values()), info=info, environment=env)
+    paths = write_reports(report, out_dir)
+    summary = summarize(report, wall, len(results))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_table(report, summary)
+    print("\n" + "\n".join(f"{k}: {v}" for k, v in paths.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", help="KernelBench folder (level1/, level2/, level3/)")
+    ap.add_argument("--levels", help="e.g. 1 or 1,2")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--shard", help="i/n: every n-th task starting at i (0-based)")
+    ap.add_argument("--workers", type=int, help="tasks in flight (default: 2 per GPU)")
+    ap.add_argument("--resume", help="continue this run folder")
+    ap.add_argument("--baselines-only", action="store_true", help="only measure and cache eager/compile baselines")
+    ap.add_argument("--merge", nargs="+", metavar="RUN_DIR", help="merge finished runs into one report")
+    ap.add_argument("--cpu", action="store_true", help="CPU executor and backend (a dry run without a GPU)")
+    ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
+    args = ap.parse_args()
+
+    out = Path(os.environ.get("OUT") or (REPO / "runs"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        merge(args.merge, out)
+        return
+
+    from cuda_agent.core.config import compose
+
+    root = find_root(args.root)
+    if args.baselines_only:
+        from cuda_agent.evaluation.commands import _baseline_table
+        from cuda_agent.evaluation.evaluate import measure_all_baselines
+
+        cfg = compose([], overrides(args, root, out))
+        t0 = time.perf_counter()
+        rows = measure_all_baselines(cfg)
+        wall = time.perf_counter() - t0
+        (out / "baselines.json").write_text(json.dumps(rows, indent=2))
+        print(_baseline_table(rows))
+        fresh = sum(1 for r in rows if not r.get("cached"))
+        print(f"\nbaselines: {len(rows)} tasks ({fresh} measured now) in {wall:.1f} s; {wall / max(fresh, 1):.1f} s per measured task")
+        return
+
+    from cuda_agent.evaluation.evaluate import evaluate
+
+    with tempfile.TemporaryDirectory(prefix="kb-references-") as tmp:
+        sols = Path(tmp) / "solutions"
+        write_solutions(root, sols)
+        cfg = compose([], overrides(args, root, out) + [f"eval.solutions={sols}"])
+        t0 = time.perf_counter()
+        before = 0
+        if args.resume and (Path(args.resume) / "results.jsonl").exists():
+            from cuda_agent.evaluation.runner import ResultStore
+
+            before = len(ResultStore(Path(args.resume) / "results.jsonl").finished())
+        res = evaluate(cfg)
+        wall = time.perf_counter() - t0
+    report = res["report"]
+    summary = summarize(report, wall, len(report["tasks"]) - before)
+    summary["run_dir"] = str(res["run_dir"])
+    (Path(res["run_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_table(report, summary)
+    print(f"\nrun folder: {res['run_dir']}")
+
+
+if __name__ == "__main__":
+    main()
