@@ -152,13 +152,17 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
         info.update(mode="solutions", solutions=str(e.solutions), n_solutions=len(sols))
         if unmatched:
             info["unmatched_solutions"] = [s.label for s in unmatched][:200]
+    else:
+        pol = _plain(cfg.get("policy"))
+        if not pol or not pol.get("name"):
+            raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
     if cfg.run.get("name") in (None, "", "run"):
         cfg.run.name = "eval"
+    executor = pm.create("executor", cfg.executor, where="executor")  # checks devices; starts lazily
     with Run(cfg, command="eval", pm=pm) as run:
         info["run_id"] = run.id
         if unmatched:
             run.log.warning("eval.unmatched_solutions", count=len(unmatched), first=unmatched[0].label)
-        executor = pm.create("executor", cfg.executor, where="executor")
         t0 = time.perf_counter()
         try:
             backend = resolve_backend(cfg, executor)
