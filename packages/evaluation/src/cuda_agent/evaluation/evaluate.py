@@ -93,7 +93,7 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
         raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
     policy = pm.create("policy", pol, where="policy")
     try:
-        from cuda_agent.sandbox.environment import CudaEnvironment
+        from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions
     except ImportError as exc:
         raise ConfigError(
             "agent evaluation needs cuda_agent.sandbox.environment.CudaEnvironment (install cuda-agent-sandbox)"
@@ -104,11 +104,24 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
     fields = set(AgentOptions.__dataclass_fields__)
     agent_options = AgentOptions(**{k: v for k, v in agent.items() if k in fields})
     agent_options.max_turns = int(cfg.eval.get("max_turns") or agent_options.max_turns)
+    env_fields = set(EnvironmentOptions.__dataclass_fields__)
+    env_cfg = _plain(cfg.get("environment")) or {}
+    env_cfg = env_cfg.get("options", env_cfg) if isinstance(env_cfg, dict) else {}
+    env_kwargs = {k: v for k, v in env_cfg.items() if k in env_fields}
+    env_kwargs["backend"] = opts.backend
 
     def make_env(task: Task, dest: Path) -> Any:
-        if hasattr(CudaEnvironment, "from_config"):
-            return CudaEnvironment.from_config(task, dest, cfg, executor=executor)
-        return CudaEnvironment(task, dest, executor=executor, config=cfg)
+        return CudaEnvironment(
+            task,
+            dest,
+            EnvironmentOptions(**env_kwargs),
+            compiler=_plain(cfg.get("compiler")),
+            sandbox=_plain(cfg.get("sandbox")),
+            executor=executor,
+            reward=_plain(cfg.get("reward")),
+            service_options=_plain(cfg.get("service")),
+            pm=pm,
+        )
 
     return AgentScorer(
         policy,
