@@ -27,3 +27,19 @@ def register_compilers(register):
     register(CppExtensionCompiler)
     register(NvccCompiler)
     register(GxxCompiler)
+
+
+@hookimpl
+def register_profilers(register):
+    from .profilers import BUILTIN_PROFILERS
+
+    for cls in BUILTIN_PROFILERS:
+        register(cls)
+
+
+@hookimpl
+def register_correctness_checks(register):
+    from .checks import BUILTIN_CHECKS
+
+    for cls in BUILTIN_CHECKS:
+        register(cls)

@@ -1,0 +1,190 @@
+"""The default GPU profiler: CUDA events around each call, one call at a time.
+
+Per timed iteration, outside the timed region: the next input set of the rotation is
+chosen (and, if the caller asks, changed in place so that cached results are stale), the
+L2 cache is flushed by writing a buffer twice its size, and the device is synchronised so
+that the GPU is idle. Then a start event is recorded, ``fn(*inputs)`` is called, an end
+event is recorded and the device is synchronised again.
+
+* The time runs from the call to the end of its last kernel: host-side launch overhead
+  and Python work that keeps the GPU waiting count (the torch profiler's summed kernel
+  time hides them).
+* Work on every stream counts: the end event sees the current stream only, so the host
+  time from just after the start event to the return of a device-wide synchronize is taken
+  as well. When it exceeds the event time by more than the synchronisation latency
+  measured at start-up (by ``escape_slack_ms`` and 5%), work escaped to another stream
+  and that iteration's time is the host time less the latency.
+* Warm-up runs until ``warmup_ms`` of calls and ``warmup_iters`` calls have passed (clocks
+  up, caches and lazy initialisation done); the number of timed calls is chosen so that
+  they add up to ``target_ms`` (between ``min_iters`` and ``max_iters``). The result is the
+  median, with the interquartile range over the median as spread.
+* ``cuda_graph``: each input set's call is captured once into a CUDA graph and the
+  replays are timed -- for microsecond kernels whose launch overhead would dominate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cuda_agent.core.interfaces import Profiler
+from cuda_agent.core.types import Timing
+
+from .base import Prepare, ProfilerError, iterations_for, no_gc, summarize
+
+
+def _device(device: Any):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ProfilerError("cuda_events needs a CUDA GPU; use the wallclock profiler on the CPU backend")
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type != "cuda":
+        raise ProfilerError(f"cuda_events times CUDA work, got device {dev}; use wallclock for the CPU")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def l2_flush_buffer(dev: Any, nbytes: int = 0):
+    import torch
+
+    if nbytes <= 0:
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
+        nbytes = max(2 * l2, 32 << 20)
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=dev)
+
+
+class CudaEventsProfiler(Profiler):
+    name = "cuda_events"
+    backend = "cuda"
+    description = (
+        "CUDA events per call: warm-up, L2 flushed and inputs rotated between calls, all streams "
+        "counted, median/spread over a set total time; optional CUDA-graph replay"
+    )
+
+    @dataclass
+    class Options:
+        warmup_ms: float = 100.0
+        warmup_iters: int = 3
+        target_ms: float = 400.0  # total timed time the iterations should add up to
+        min_iters: int = 10
+        max_iters: int = 2000
+        flush_l2: bool = True
+        flush_bytes: int = 0  # 0: twice the L2 size
+        cuda_graph: bool = False
+        all_streams: bool = True
+        escape_slack_ms: float = 0.05
+        keep_samples: int = 200
+
+    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None) -> Timing:
+        import torch
+
+        o = self.options
+        dev = _device(device)
+        k = len(input_sets)
+        if k == 0:
+            raise ProfilerError("cuda_events: no input sets")
+        with torch.cuda.device(dev):
+            flush = l2_flush_buffer(dev, o.flush_bytes) if o.flush_l2 else None
+            stream = torch.cuda.current_stream(dev)
+            calls = [lambda a=args: fn(*a) for args in input_sets]
+            graphs = self._capture(fn, input_sets, dev) if o.cuda_graph else None
+            if graphs is not None:
+                calls = [g.replay for g in graphs]
+
+            # warm-up; also the estimate of one call
+            t_start = time.perf_counter()
+            i = 0
+            while True:
+                e0 = torch.cuda.Event(enable_timing=True)
+                e1 = torch.cuda.Event(enable_timing=True)
+                e0.record(stream)
+                calls[i % k]()
+                e1.record(stream)
+                torch.cuda.synchronize(dev)
+                est = e0.elapsed_time(e1)
+                i += 1
+                elapsed = (time.perf_counter() - t_start) * 1e3
+                if i >= o.warmup_iters and elapsed >= o.warmup_ms:
+                    break
+                if i >= max(o.warmup_iters, 1000):  # very fast calls: enough
+                    break
+            latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
+            n = iterations_for(est + 0.0, o.target_ms, o.min_iters, o.max_iters)
+
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            host = [0.0] * n
+            with no_gc():
+                for j in range(n):
+                    s = j % k
+                    if prepare is not None:
+                        prepare(j, input_sets[s])
+                    if flush is not None:
+                        flush.zero_()
+                    torch.cuda.synchronize(dev)
+                    starts[j].record(stream)
+                    t0 = time.perf_counter()
+                    calls[s]()
+                    ends[j].record(stream)
+                    torch.cuda.synchronize(dev)
+                    host[j] = (time.perf_counter() - t0) * 1e3
+            samples = []
+            escaped = 0
+            for j in range(n):
+                ev = starts[j].elapsed_time(ends[j])
+                if o.all_streams and host[j] - ev > max(o.escape_slack_ms, 0.05 * ev) + latency:
+                    escaped += 1
+                    samples.append(host[j] - latency)
+                else:
+                    samples.append(ev)
+        timing = summarize(samples, self.name + ("+graph" if graphs is not None else ""), o.keep_samples)
+        if escaped > n // 2:
+            timing.method += "+host"  # most calls left work on other streams: host-timed
+        return timing
+
+    @staticmethod
+    def _sync_latency(dev: Any, stream: Any) -> float:
+        """Median of (host time - event time) for a tiny kernel: the cost of seeing the end."""
+        import torch
+
+        x = torch.empty(1, device=dev)
+        gaps = []
+        for _ in range(25):
+            torch.cuda.synchronize(dev)
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            t0 = time.perf_counter()
+            x.zero_()
+            e1.record(stream)
+            torch.cuda.synchronize(dev)
+            h = (time.perf_counter() - t0) * 1e3
+            gaps.append(max(0.0, h - e0.elapsed_time(e1)))
+        return statistics.median(gaps)
+
+    @staticmethod
+    def _capture(fn: Any, input_sets: list, dev: Any) -> list:
+        import torch
+
+        graphs = []
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for args in input_sets:  # warm-up outside capture (lazy init, allocations)
+                fn(*args)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        for args in input_sets:
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g):
+                    fn(*args)
+            except Exception as exc:
+                raise ProfilerError(f"cuda_events: CUDA-graph capture failed ({type(exc).__name__}: {exc}); time without cuda_graph") from exc
+            graphs.append(g)
+        torch.cuda.synchronize(dev)
+        return graphs

@@ -1,0 +1,587 @@
+"""Verification of a candidate ``ModelNew`` against the reference ``Model``.
+
+Steps (:func:`verify_candidate`):
+
+1. static checks on the sources (``checks``): a violation fails with ``forbidden_op``;
+2. import of the reference and of the candidate module, each in a fresh module namespace
+   with the workspace first on ``sys.path`` (the candidate loads its built kernels through
+   ``cuda_agent_runtime.load_kernels()``); an import failure is a ``compile_error``;
+3. ``Model(*get_init_inputs())`` and ``ModelNew(*get_init_inputs())``; ModelNew loads
+   Model's ``state_dict`` strictly (same parameter and buffer names and shapes);
+4. for each of ``num_inputs`` seeds: fresh inputs (never all zeros), the reference output,
+   then the candidate's forward under the run-time guard (:mod:`.guard`) with freshly
+   allocated memory poisoned, then a comparison: same structure, shapes and dtypes,
+   ``|out - ref| <= atol + rtol * |ref|`` everywhere, and no NaN/Inf where the reference
+   has none.
+
+Poisoned outputs (what holds). The harness cannot hand the candidate pre-filled output
+buffers, so uninitialised memory is made visible instead, two ways:
+
+* while the candidate runs, torch's deterministic fill is on
+  (``torch.utils.deterministic.fill_uninitialized_memory`` with deterministic algorithms in
+  warn-only mode): every tensor made by ``empty``/``empty_like``/``empty_strided``/
+  ``new_empty`` -- from Python or from C++ (``torch::empty``) -- starts as NaN (floating
+  types) or the largest integer, so an output element the kernel never writes shows up;
+* on CUDA, before each candidate run the caching allocator is emptied and a large block
+  (at least four times the inputs plus reference outputs, at most half the free memory)
+  plus a set of small blocks are allocated, filled with 0xFF bytes (NaN in every float
+  format) and freed, so memory the allocator hands out later -- also to code that bypasses
+  the fill -- holds NaN rather than an earlier result. The reference outputs stay
+  referenced while the candidate runs, so their memory can never be handed to it.
+
+Memory obtained outside torch (a raw ``cudaMalloc`` in the kernel code) is not covered, but
+such memory cannot be returned as a torch output without going through torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
+
+from .guard import ForbiddenOpError, GuardOptions, forward_guard, new_namespaces, registered_op_names
+from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
+from .precision import policy_from, precision_context
+
+_COUNTER = itertools.count()
+
+
+@dataclass
+class VerifyOptions:
+    """Options of verification (a run config's ``verify`` node maps onto these)."""
+
+    num_inputs: int = 5
+    seed: int | None = None  # None: fresh seeds every call (recorded in the result)
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    check_dtype: bool = True
+    precision: str = "fp32-strict"  # or "tf32"
+    guard: GuardOptions = field(default_factory=GuardOptions)
+    static_checks: list[Any] | None = None  # names (or {name, options}); None = every registered static check
+    poison: bool = True
+    strict_state_dict: bool = True
+    timeout_s: float = 0.0  # Python-level watchdog per forward call (0 = none); the executor kills hung kernels
+    reference: str = "model.py"
+    candidate: str = "model_new.py"
+    max_message_chars: int = 2000
+
+
+class VerifyTimeout(Exception):
+    pass
+
+
+# --- loading modules ------------------------------------------------------------------
+
+_WORKSPACE_MODULES = ("cuda_agent_runtime", "model", "model_new")
+
+
+@contextlib.contextmanager
+def workspace_imports(workspace: str | Path) -> Iterator[None]:
+    """Put ``workspace`` first on ``sys.path`` and forget, afterwards, every module imported
+    from it (a worker process serves many workspaces; names like ``cuda_agent_runtime``
+    must resolve to the current one)."""
+    ws = str(Path(workspace).resolve())
+    for name in _WORKSPACE_MODULES:
+        sys.modules.pop(name, None)
+    saved = list(sys.path)
+    before = set(sys.modules)
+    sys.path.insert(0, ws)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        for name in set(sys.modules) - before:
+            mod = sys.modules.get(name)
+            f = getattr(mod, "__file__", None) or ""
+            if f and os.path.abspath(f).startswith(ws + os.sep):
+                sys.modules.pop(name, None)
+        for name in _WORKSPACE_MODULES:
+            sys.modules.pop(name, None)
+
+
+def load_module(path: str | Path, prefix: str = "_cuda_agent_mod") -> Any:
+    """Import the file at ``path`` as a new module with a unique name."""
+    path = Path(path)
+    name = f"{prefix}_{next(_COUNTER)}_{os.getpid()}"
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _short_exc(exc: BaseException, limit: int = 600, files: tuple[str, ...] = ()) -> str:
+    msg = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(msg) > limit:
+        msg = msg[: limit - 3] + "..."
+    # point at the deepest frame in the candidate's own files
+    where = ""
+    for fs in traceback.extract_tb(exc.__traceback__):
+        if any(fs.filename.endswith(f) for f in files):
+            where = f"{Path(fs.filename).name}:{fs.lineno}"
+    return f"{msg} (at {where})" if where else msg
+
+
+# --- comparison -----------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    message: str = ""
+    where: str = ""
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+
+
+def _unravel(flat_index: int, shape: tuple) -> tuple:
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat_index % dim if dim else 0)
+        flat_index //= dim if dim else 1
+    return tuple(reversed(idx))
+
+
+def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, check_dtype: bool = True) -> Comparison:
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        return Comparison(False, f"{path}: expected a tensor, got {type(out).__name__}", path)
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(False, f"{path}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}", path)
+    if check_dtype and out.dtype != ref.dtype:
+        return Comparison(False, f"{path}: dtype {out.dtype} != reference {ref.dtype}", path)
+    if out.device != ref.device:
+        return Comparison(False, f"{path}: on {out.device}, reference on {ref.device}", path)
+    if out.is_complex() or ref.is_complex():
+        out, ref = torch.view_as_real(out), torch.view_as_real(ref)
+    work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    o = out.reshape(-1)
+    r = ref.reshape(-1)
+    n = r.numel()
+    max_abs = 0.0
+    max_rel = 0.0
+    chunk = 1 << 26
+    first_bad = None
+    first_kind = ""
+    for start in range(0, n, chunk):
+        oc = o[start : start + chunk].to(work)
+        rc = r[start : start + chunk].to(work)
+        ofin = torch.isfinite(oc)
+        rfin = torch.isfinite(rc)
+        both = ofin & rfin
+        diff = torch.where(both, (oc - rc).abs(), torch.zeros((), dtype=work, device=oc.device))
+        tol = atol + rtol * rc.abs()
+        bad_val = both & (diff > tol)
+        # non-finite: NaN/Inf where the reference is finite, or a different non-finite value
+        rnan, onan = torch.isnan(rc), torch.isnan(oc)
+        bad_nonfinite = (rfin & ~ofin) | (~rfin & ~((rnan & onan) | (~rnan & ~onan & (oc == rc))))
+        if both.any():
+            max_abs = max(max_abs, float(diff.max()))
+            rel = diff / rc.abs().clamp_min(max(atol, 1e-12))
+            max_rel = max(max_rel, float(torch.where(both, rel, torch.zeros((), dtype=work, device=oc.device)).max()))
+        if first_bad is None:
+            nf = bad_nonfinite.nonzero()
+            bv = bad_val.nonzero()
+            cands = []
+            if nf.numel():
+                cands.append((int(nf[0, 0]) + start, "nonfinite"))
+            if bv.numel():
+                cands.append((int(bv[0, 0]) + start, "value"))
+            if cands:
+                first_bad, first_kind = min(cands)
+    if first_bad is None:
+        return Comparison(True, "", path, max_abs, max_rel)
+    idx = _unravel(first_bad, tuple(ref.shape)) if ref.dim() else ()
+    got = out.reshape(-1)[first_bad].item() if not out.is_complex() else "?"
+    want = ref.reshape(-1)[first_bad].item() if not ref.is_complex() else "?"
+    where = f"{path} at index {idx}"
+    if first_kind == "nonfinite":
+        msg = f"{where}: got {got}, reference {want} (NaN/Inf where the reference has none: unwritten or overflowing output)"
+    else:
+        msg = (
+            f"{where}: got {got}, reference {want}; max abs err {max_abs:.3g}, max rel err {max_rel:.3g} "
+            f"(atol={atol}, rtol={rtol})"
+        )
+    return Comparison(False, msg, where, max_abs, max_rel)
+
+
+def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "output", check_dtype: bool = True) -> Comparison:
+    """Recursive comparison: same structure (tensor / tuple / list / dict / scalar)."""
+    import torch
+
+    if isinstance(ref, torch.Tensor):
+        return compare_tensors(ref, out, atol, rtol, path, check_dtype)
+    if isinstance(ref, (list, tuple)):
+        if not isinstance(out, (list, tuple)):
+            return Comparison(False, f"{path}: expected a {type(ref).__name__} of {len(ref)}, got {type(out).__name__}", path)
+        if len(out) != len(ref):
+            return Comparison(False, f"{path}: {len(out)} outputs, reference has {len(ref)}", path)
+        worst = Comparison(True, "", path)
+        for i, (r, o) in enumerate(zip(ref, out)):
+            c = compare_outputs(r, o, atol, rtol, f"{path}[{i}]", check_dtype)
+            if not c.ok:
+                return c
+            worst.max_abs_err = max(worst.max_abs_err, c.max_abs_err)
+            worst.max_rel_err = max(worst.max_rel_err, c.max_rel_err)
+        return worst
+    if isinstance(ref, dict):
+        if not isinstance(out, dict) or set(out) != set(ref):
+            return Comparison(False, f"{path}: keys {sorted(map(str, out)) if isinstance(out, dict) else type(out).__name__} != reference {sorted(map(str, ref))}", path)
+        worst = Comparison(True, "", path)
+        for k in ref:
+            c = compare_outputs(ref[k], out[k], atol, rtol, f"{path}[{k!r}]", check_dtype)
+            if not c.ok:
+                return c
+            worst.max_abs_err = max(worst.max_abs_err, c.max_abs_err)
+            worst.max_rel_err = max(worst.max_rel_err, c.max_rel_err)
+        return worst
+    if isinstance(ref, (int, float, bool)) and not isinstance(out, torch.Tensor):
+        if not isinstance(out, (int, float, bool)):
+            return Comparison(False, f"{path}: expected a number, got {type(out).__name__}", path)
+        import math
+
+        if math.isnan(float(ref)) != math.isnan(float(out)) or abs(float(out) - float(ref)) > atol + rtol * abs(float(ref)):
+            return Comparison(False, f"{path}: got {out}, reference {ref}", path)
+        return Comparison(True, "", path, abs(float(out) - float(ref)))
+    if ref is None:
+        return Comparison(out is None, "" if out is None else f"{path}: expected None, got {type(out).__name__}", path)
+    if isinstance(out, torch.Tensor):
+        return Comparison(False, f"{path}: expected {type(ref).__name__}, got a tensor", path)
+    return Comparison(out == ref, "" if out == ref else f"{path}: got {out!r}, reference {ref!r}", path)
+
+
+# --- poisoning --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fill_uninitialized() -> Iterator[None]:
+    """NaN-fill every tensor torch creates uninitialised (see the module docstring)."""
+    import warnings
+
+    import torch
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    det = getattr(torch.utils, "deterministic", None)
+    was_fill = getattr(det, "fill_uninitialized_memory", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        if det is not None:
+            det.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+            if det is not None and was_fill is not None:
+                det.fill_uninitialized_memory = was_fill
+
+
+def poison_allocator(device: Any, nbytes_hint: int = 0) -> int:
+    """Fill the CUDA caching allocator's free memory with 0xFF bytes; returns bytes poisoned."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(dev)
+    size = max(4 * nbytes_hint, 256 << 20)
+    size = int(min(size, free // 2))
+    blocks = []
+    if size > 0:
+        blocks.append(torch.empty(size, dtype=torch.uint8, device=dev))
+    # the small-block pool (allocations up to 1 MiB live in 2 MiB segments)
+    blocks.extend(torch.empty(512 << 10, dtype=torch.uint8, device=dev) for _ in range(32))
+    for b in blocks:
+        b.fill_(0xFF)
+    torch.cuda.synchronize(dev)
+    total = sum(b.numel() for b in blocks)
+    del blocks
+    return total
+
+
+# --- the watchdog -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise VerifyTimeout in Python code that runs past ``seconds`` (main thread only)."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise VerifyTimeout(f"forward did not finish within {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def synchronize(device: Any) -> None:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+# --- loaded task + candidate ------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    reference: Any
+    candidate: Any | None
+    ref_model: Any = None
+    cand_model: Any = None
+    init_inputs: list = field(default_factory=list)
+    custom_namespaces: set = field(default_factory=set)
+
+
+class LoadFailure(Exception):
+    def __init__(self, category: FailureCategory, message: str):
+        super().__init__(message)
+        self.category = category
+        self.message = message
+
+
+def load_reference(reference_path: str | Path) -> Any:
+    try:
+        mod = load_module(reference_path, "_cuda_agent_ref")
+    except Exception as exc:
+        raise LoadFailure(FailureCategory.CRASH, f"reference {Path(reference_path).name} failed to import: {_short_exc(exc)}")
+    for attr in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(mod, attr):
+            raise LoadFailure(FailureCategory.CRASH, f"reference {Path(reference_path).name} defines no {attr}")
+    return mod
+
+
+def load_candidate(candidate_path: str | Path) -> tuple[Any, set]:
+    """Import the candidate; returns (module, torch.ops namespaces it registered)."""
+    path = Path(candidate_path)
+    if not path.is_file():
+        raise LoadFailure(FailureCategory.COMPILE_ERROR, f"{path.name} not found")
+    before = registered_op_names()
+    try:
+        mod = load_module(path, "_cuda_agent_cand")
+    except Exception as exc:
+        raise LoadFailure(
+            FailureCategory.COMPILE_ERROR,
+            f"importing {path.name} failed (is the kernel library built and loadable?): {_short_exc(exc, files=(path.name, 'cuda_agent_runtime.py'))}",
+        )
+    if not hasattr(mod, "ModelNew"):
+        raise LoadFailure(FailureCategory.COMPILE_ERROR, f"{path.name} defines no ModelNew")
+    return mod, new_namespaces(before, registered_op_names())
+
+
+def build_models(ref_mod: Any, cand_mod: Any | None, device: Any, seed: int, strict_state_dict: bool = True, cand_name: str = "model_new.py") -> Loaded:
+    import torch
+
+    dev = torch.device(device)
+    seed_everything(seed)
+    try:
+        init = ref_mod.get_init_inputs()
+        init = list(init) if isinstance(init, (list, tuple)) else [init]
+        with torch.device(dev):
+            ref_model = ref_mod.Model(*init)
+        ref_model = ref_model.to(dev)
+    except Exception as exc:
+        raise LoadFailure(FailureCategory.CRASH, f"reference Model failed to build: {_short_exc(exc)}")
+    loaded = Loaded(ref_mod, cand_mod, ref_model=ref_model, init_inputs=init)
+    if cand_mod is None:
+        return loaded
+    try:
+        seed_everything(seed)
+        with torch.device(dev):
+            cand_model = cand_mod.ModelNew(*to_device(init, dev))
+        cand_model = cand_model.to(dev)
+    except Exception as exc:
+        raise LoadFailure(FailureCategory.CRASH, f"ModelNew(*get_init_inputs()) failed: {_short_exc(exc, files=(cand_name,))}")
+    try:
+        cand_model.load_state_dict(ref_model.state_dict(), strict=strict_state_dict)
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        raise LoadFailure(
+            FailureCategory.WRONG_RESULT,
+            f"ModelNew does not load Model's state_dict (rule state-dict: same parameter and buffer names and shapes as Model): {text[:800]}",
+        )
+    loaded.cand_model = cand_model
+    return loaded
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def input_seeds(base: int, n: int) -> list[int]:
+    return [(base + 1000003 * (i + 1)) & 0x7FFFFFFF for i in range(n)]
+
+
+def _device_info(device: Any) -> dict:
+    import torch
+
+    dev = torch.device(device)
+    info = {"device": str(dev), "torch": torch.__version__}
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+        info["cuda"] = torch.version.cuda
+    else:
+        import platform
+
+        info["gpu"] = None
+        info["cpu"] = platform.processor() or platform.machine()
+    return info
+
+
+# --- the verification itself ------------------------------------------------------------
+
+
+def verify_candidate(
+    workspace: str | Path,
+    device: str = "cpu",
+    options: VerifyOptions | None = None,
+    candidate: str | Path | None = None,
+    reference: str | Path | None = None,
+) -> VerifyResult:
+    """Verify ``candidate`` (default ``<workspace>/model_new.py``) against ``reference``
+    (default ``<workspace>/model.py``). Never raises for a bad candidate: the result says
+    what failed."""
+    from .checks import run_static_checks
+
+    opts = options or VerifyOptions()
+    if isinstance(opts.guard, dict):
+        opts.guard = GuardOptions(**opts.guard)
+    t0 = time.perf_counter()
+    ws = Path(workspace)
+    cand_path = Path(candidate or opts.candidate)
+    cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
+    ref_path = Path(reference or opts.reference)
+    ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    seed = opts.seed if opts.seed is not None else fresh_seed()
+    policy = policy_from(opts.precision)
+    meta: dict[str, Any] = {"seed": seed, "precision_policy": policy.key, "atol": opts.atol, "rtol": opts.rtol}
+    checks: list[CheckResult] = []
+
+    def result(ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
+        if len(message) > opts.max_message_chars:
+            message = message[: opts.max_message_chars - 3] + "..."
+        return VerifyResult(ok=ok, failure=failure, message=message, checks=checks, seconds=time.perf_counter() - t0, metadata=meta)
+
+    # 1. static checks
+    static = run_static_checks(ws, cand_path, opts.static_checks)
+    checks.extend(static)
+    bad = [c for c in static if not c.passed]
+    if bad:
+        return result(False, FailureCategory.FORBIDDEN_OP, bad[0].message.splitlines()[0])
+
+    import torch
+
+    meta.update(_device_info(device))
+    with workspace_imports(ws), precision_context(policy) as flags, torch.no_grad():
+        meta["precision_flags"] = flags
+        try:
+            ref_mod = load_reference(ref_path)
+            cand_mod, namespaces = load_candidate(cand_path)
+            meta["custom_op_namespaces"] = sorted(namespaces)
+            loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)
+        except LoadFailure as exc:
+            return result(False, exc.category, exc.message)
+        meta["init_inputs"] = describe(loaded.init_inputs)
+        seeds = input_seeds(seed, opts.num_inputs)
+        meta["input_seeds"] = seeds
+        for i, s in enumerate(seeds):
+            name = f"input[{i}] seed={s}"
+            try:
+                drawn = draw_inputs(ref_mod.get_inputs, s, device)
+            except Exception as exc:
+                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+            inputs = drawn.values
+            if i == 0:
+                meta["inputs"] = describe(inputs)
+                meta["inputs_replaced_zeros"] = drawn.replaced_zeros
+            try:
+                ref_out = loaded.ref_model(*clone_inputs(inputs))
+                synchronize(device)
+            except Exception as exc:
+                return result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
+            if i == 0:
+                meta["outputs"] = describe(ref_out)
+            cand_inputs = clone_inputs(inputs)
+            del inputs
+            if opts.poison:
+                meta["poisoned_bytes"] = poison_allocator(device, nbytes(ref_out) + nbytes(cand_inputs))
+            guard = None
+            err: BaseException | None = None
+            out = None
+            try:
+                with deadline(opts.timeout_s):
+                    with (fill_uninitialized() if opts.poison else contextlib.nullcontext()):
+                        with forward_guard(opts.guard, namespaces) as guard:
+                            out = loaded.cand_model(*cand_inputs)
+                        synchronize(device)
+            except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                err = exc
+            if guard is not None:
+                meta["allowed_torch_calls"] = dict(guard.allowed_calls)
+                meta["custom_op_calls"] = dict(guard.custom_calls)
+            if guard is not None and guard.violations:
+                v = guard.violations[0]
+                checks.append(CheckResult(name=name, passed=False, message=v.message))
+                return result(False, FailureCategory.FORBIDDEN_OP, v.message)
+            if isinstance(err, ForbiddenOpError):
+                checks.append(CheckResult(name=name, passed=False, message=str(err)))
+                return result(False, FailureCategory.FORBIDDEN_OP, str(err))
+            if isinstance(err, VerifyTimeout):
+                checks.append(CheckResult(name=name, passed=False, message=str(err)))
+                return result(False, FailureCategory.TIMEOUT, f"ModelNew.forward on {name}: {err}")
+            if err is not None:
+                msg = f"ModelNew.forward raised on {name}: {_short_exc(err, files=(cand_path.name, 'cuda_agent_runtime.py'))}"
+                checks.append(CheckResult(name=name, passed=False, message=msg))
+                if "CUDA error" in str(err) or "illegal memory access" in str(err):
+                    meta["cuda_context_broken"] = True  # the worker process should be replaced
+                return result(False, FailureCategory.CRASH, msg)
+            cmp = compare_outputs(ref_out, out, opts.atol, opts.rtol, "output", opts.check_dtype)
+            checks.append(
+                CheckResult(
+                    name=name,
+                    passed=cmp.ok,
+                    max_abs_err=cmp.max_abs_err,
+                    max_rel_err=cmp.max_rel_err,
+                    where=cmp.where if not cmp.ok else "",
+                    message=cmp.message,
+                )
+            )
+            if i == 0:
+                meta["candidate_outputs"] = describe(out)
+            del out, ref_out, cand_inputs
+            if not cmp.ok:
+                return result(False, FailureCategory.WRONG_RESULT, f"wrong result on {name}: {cmp.message}")
+    worst = max((c.max_abs_err or 0.0 for c in checks), default=0.0)
+    return result(True, FailureCategory.NONE, f"correct on {opts.num_inputs} inputs (max abs err {worst:.3g})")
