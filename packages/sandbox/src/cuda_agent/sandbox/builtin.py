@@ -18,6 +18,7 @@ def register_executors(register):
 @hookimpl
 def register_config_fragments(register):
     register("sandbox.executor", Path(__file__).parent / "configs" / "executor.yaml")
+    register("sandbox.environment", Path(__file__).parent / "configs" / "environment.yaml")
 
 
 @hookimpl
@@ -43,3 +44,10 @@ def register_correctness_checks(register):
 
     for cls in BUILTIN_CHECKS:
         register(cls)
+
+
+@hookimpl
+def register_commands(cli):
+    from .optimize import register
+
+    register(cli)

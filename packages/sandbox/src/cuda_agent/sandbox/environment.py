@@ -1,0 +1,227 @@
+"""``CudaEnvironment``: the agent loop's environment for KernelBench-style tasks.
+
+It makes a workspace (:func:`cuda_agent.sandbox.workspace.create_workspace`), opens the
+configured sandbox for the agent's shell, starts the workspace service that the tool
+scripts (``python tools/compile.py | verify.py | profile.py``) talk to, and turns every
+verification/profiling request into a :class:`~cuda_agent.core.types.Candidate`. At the
+end it makes sure the best candidate is profiled, leaves its files in the workspace and
+scores it with the reward plugin.
+
+Concrete compilers, sandboxes, executors and rewards are reached only through plugins
+(names in the run config), never imported here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.core.agent import DEFAULT_SYSTEM_PROMPT, FolderEnvironment, build_tools, record_candidate
+from cuda_agent.core.errors import ConfigError
+from cuda_agent.core.plugins import get_plugin_manager
+from cuda_agent.core.types import Candidate, CandidateOutcome, RewardResult, Task, ToolCall, ToolResult, Trajectory
+
+CUDA_SYSTEM_PROMPT = """\
+You are an expert GPU performance engineer. You work in a workspace folder through tools
+(a bash shell, file tools, a todo list). Goal: write custom kernels and a ModelNew in
+model_new.py that compute exactly what model.py computes, faster than torch.compile.
+SKILL.md (below) gives the rules and the workflow; follow them. Compile, verify and
+profile with `python tools/compile.py`, `python tools/verify.py` and
+`python tools/profile.py` from the workspace root. Every verified version is recorded,
+and the fastest correct one is your final answer.
+When you are finished, answer without calling any tool and end your answer with a line
+containing only DONE."""
+
+
+@dataclass
+class EnvironmentOptions:
+    """How :class:`CudaEnvironment` sets up and ends an episode."""
+
+    backend: str = "auto"  # auto | cuda | cpu
+    tools: list[str] | None = None  # agent tools offered (all registered ones when None)
+    evaluate_final: bool = True  # score the final files too when the agent never verified them
+    profile_best: bool = True  # profile the best correct candidate at the end if it was only verified
+    restore_best: bool = True  # leave the best candidate's files in the workspace
+    system_prompt: str = ""  # replaces the built-in system prompt when set
+    overwrite: bool = False  # reuse a non-empty workspace folder
+
+
+def detect_backend(backend: str = "auto") -> str:
+    """``cuda`` when a CUDA device is usable (for ``auto``), else ``cpu``."""
+    if backend in ("cuda", "cpu"):
+        return backend
+    if backend != "auto":
+        raise ConfigError(f"backend must be auto, cuda or cpu, got {backend!r}")
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def _spec(spec: Any) -> Any:
+    if spec is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(spec, DictConfig):
+            return OmegaConf.to_container(spec, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return spec
+
+
+class CudaEnvironment(FolderEnvironment):
+    """Environment over a fresh workspace for ``task`` at ``workdir``.
+
+    ``compiler``, ``sandbox``, ``executor`` and ``reward`` are ``{name, options}`` specs (or
+    built components); ``service_options`` are the workspace service's options. An
+    executor passed in is shared and not closed here.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        workdir: str | Path,
+        options: EnvironmentOptions | None = None,
+        *,
+        compiler: Any = None,
+        sandbox: Any = None,
+        executor: Any = None,
+        reward: Any = None,
+        service_options: Any = None,
+        pm: Any = None,
+    ):
+        from .service import WorkspaceService
+        from .workspace import create_workspace
+
+        self.options = options or EnvironmentOptions()
+        self.task = task
+        self.pm = pm or get_plugin_manager()
+        self.backend = detect_backend(self.options.backend)
+        compiler = _spec(compiler)
+        if isinstance(compiler, dict) and compiler.get("name") is None:
+            compiler = None
+        compiler_name = compiler.get("name") if isinstance(compiler, dict) else (
+            compiler if isinstance(compiler, str) or compiler is None else getattr(compiler, "name", None))
+        self.ws = create_workspace(task, workdir, backend=self.backend, compiler=compiler_name,
+                                          overwrite=self.options.overwrite)
+        self.initial_files = self.ws.snapshot()
+        self._pending: list[dict] = []
+        self._lock = threading.Lock()
+        self.session = None
+        self.service = None
+        self._own_executor = None
+        try:
+            self.session = self._open_sandbox(_spec(sandbox))
+            executor = _spec(executor)
+            if isinstance(executor, (dict, str)):
+                executor = self._make_executor(executor)
+                self._own_executor = executor
+            self.service = WorkspaceService(self.ws, compiler or self.ws.compiler, executor, service_options,
+                                            reward=_spec(reward), on_result=self._on_result).start()
+        except BaseException:
+            self.close()
+            raise
+        spawn = getattr(self.session, "spawn", None) if self.session is not None else None
+        tools = build_tools(self.options.tools, pm=self.pm)
+        super().__init__(
+            self.ws.root,
+            tools=tools,
+            system_prompt=self.options.system_prompt or CUDA_SYSTEM_PROMPT,
+            protected=list(self.ws.protected) + [".cuda_agent"],
+            spawn=spawn,
+            env=dict(self.service.env),
+        )
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _open_sandbox(self, spec: Any) -> Any:
+        if spec is None or (isinstance(spec, dict) and spec.get("name") is None):
+            return None  # plain local processes in the workspace
+        sandbox = spec if hasattr(spec, "open") else self.pm.create("sandbox", spec, where="sandbox")
+        return sandbox.open(self.ws.root, list(self.ws.protected))
+
+    def _make_executor(self, spec: Any) -> Any:
+        if isinstance(spec, str):
+            spec = {"name": spec}
+        if self.backend == "cpu" and spec.get("name") == "local":
+            spec = {"name": "cpu"}  # the GPU pool has nothing to run on here
+        return self.pm.create("executor", spec, where="executor")
+
+    # -- the loop's hooks -------------------------------------------------------------
+
+    def _on_result(self, entry: dict) -> None:
+        with self._lock:
+            self._pending.append(entry)
+
+    def _drain(self, turn: int) -> list[Candidate]:
+        with self._lock:
+            entries, self._pending = self._pending, []
+        return [Candidate(turn=turn, files=dict(e["files"]), outcome=e["outcome"], reward=e.get("reward"))
+                for e in entries]
+
+    def initial_messages(self, task: Task) -> list[dict]:
+        msgs = super().initial_messages(task)
+        msgs[1]["content"] = (
+            f"Task {task.id}{' (' + task.name + ')' if task.name else ''}: write kernels that make model.py "
+            f"faster than torch.compile on the {self.backend.upper()} backend.\n\nmodel.py:\n```python\n"
+            f"{task.code.rstrip()}\n```\n\nThe workspace is your current folder. Start by reading SKILL.md's "
+            "workflow above, then model_new.py."
+        )
+        return msgs
+
+    def on_tool_result(self, call: ToolCall, result: ToolResult, turn: int) -> list[Candidate]:
+        return self._drain(turn)
+
+    def finalize(self, trajectory: Trajectory) -> RewardResult | None:
+        turn = len(trajectory.turns)
+        svc = self.service
+        current = self.ws.snapshot()
+        seen = [c.files for c in trajectory.candidates]
+        if self.options.evaluate_final and current != self.initial_files and current not in seen:
+            svc.evaluate()
+            for cand in self._drain(turn):
+                record_candidate(trajectory, cand)
+        best = trajectory.best
+        if best is not None and self.options.profile_best and best.outcome.profile is None:
+            self.ws.restore(best.files)
+            svc.profile()
+            for cand in self._drain(turn):
+                record_candidate(trajectory, cand)
+            best = trajectory.best
+        if best is not None:
+            if self.options.restore_best:
+                self.ws.restore(best.files)
+            reward = svc.reward.score(best.outcome)
+            best.reward = reward
+        else:
+            last = trajectory.candidates[-1].outcome if trajectory.candidates else CandidateOutcome()
+            reward = svc.reward.score(last)
+        return reward
+
+    def close(self) -> None:
+        super_close = getattr(super(), "close", None)
+        if hasattr(self, "_ctx") and callable(super_close):
+            super_close()
+        if self.service is not None:
+            self.service.close()
+            self.service = None
+        if self._own_executor is not None:
+            self._own_executor.close()
+            self._own_executor = None
+        if self.session is not None:
+            try:
+                self.session.close()
+            finally:
+                self.session = None
+
+    def __enter__(self) -> "CudaEnvironment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,369 @@
+"""``cuda-agent optimize`` (run the agent on your own model.py) and ``cuda-agent demo``.
+
+The output folder holds:
+
+* ``best/``: the best verified solution (``model_new.py``, ``kernels/``) and the runtime loader;
+* ``report.md`` and ``report.json``: speedups, timings, reward, every candidate;
+* ``transcript.md``: the whole episode, readable; ``trajectories.jsonl``: the raw record;
+* ``workspace/``: the agent's workspace (its build of the best solution included);
+* ``config.yaml``, ``plugins.json``, ``log.jsonl``: the run's configuration and log.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cuda_agent.core.agent import AgentOptions, TrajectoryStore, render_transcript, run_episode_sync
+from cuda_agent.core.agent.transcript import candidate_table
+from cuda_agent.core.errors import ConfigError, TaskError
+from cuda_agent.core.types import Candidate, Task, Trajectory, to_jsonable
+
+from .environment import CudaEnvironment, EnvironmentOptions, detect_backend
+
+DEMO_DIR = "data/demo"
+
+
+# --- progress ---------------------------------------------------------------------------
+
+
+class Progress:
+    """One updating status line (turn, last tool, best speedup so far) on a terminal;
+    one line per turn otherwise."""
+
+    def __init__(self, max_turns: int, stream: Any = None, enabled: bool = True):
+        self.max_turns = max_turns
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.monotonic()
+        self.turn = 0
+        self.tool = "-"
+        self.best: float | None = None
+        self.candidates = 0
+        self.correct = 0
+        self._width = 0
+
+    def line(self) -> str:
+        el = int(time.monotonic() - self.t0)
+        best = f"{self.best:.2f}x vs compile" if self.best is not None else (
+            "correct, not profiled" if self.correct else "none yet")
+        return (f"turn {self.turn + 1}/{self.max_turns} | last tool: {self.tool} | verified: {self.correct}/"
+                f"{self.candidates} | best: {best} | {el // 60:d}:{el % 60:02d}")
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "turn":
+            self.turn = event["turn"]
+        elif kind == "tool":
+            self.tool = event.get("tool") or "-"
+        elif kind == "candidate":
+            self.candidates += 1
+            self.correct += 1 if event.get("correct") else 0
+        if "best" in event:
+            self.best = event["best"]
+        if not self.enabled:
+            return
+        if self.tty:
+            text = self.line()
+            pad = max(0, self._width - len(text))
+            self._width = len(text)
+            self.stream.write("\r" + text + " " * pad)
+            self.stream.flush()
+        elif kind in ("tool", "candidate", "end"):
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- reports ------------------------------------------------------------------------------
+
+
+def _timings(c: Candidate | None) -> dict:
+    if c is None or c.outcome.profile is None:
+        return {}
+    p = c.outcome.profile
+    out = {}
+    for label in ("candidate", "eager", "compile"):
+        t = getattr(p, label)
+        if t is not None:
+            out[label] = {"median_ms": t.median_ms, "spread": t.spread, "method": t.method}
+    return out
+
+
+def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend: str, policy: str, model: str,
+                 out_dir: Path) -> dict:
+    best = traj.best
+    p = best.outcome.profile if best else None
+    return {
+        "task": task.id,
+        "model_py": str(model_path) if model_path else None,
+        "backend": backend,
+        "policy": policy,
+        "model": model,
+        "finish_reason": traj.finish_reason,
+        "turns": len(traj.turns),
+        "seconds": traj.metadata.get("seconds"),
+        "verified": best is not None,
+        "speedup_vs_eager": p.speedup_vs_eager() if p and p.ok else None,
+        "speedup_vs_compile": p.speedup_vs_compile() if p and p.ok else None,
+        "timings": _timings(best),
+        "reward": to_jsonable(traj.reward) if traj.reward else None,
+        "best_turn": best.turn if best else None,
+        "best_files": sorted(best.files) if best else [],
+        "candidates": [
+            {"turn": c.turn, "correct": c.outcome.correct, "failure": c.outcome.failure.value,
+             "speedup_vs_compile": c.speedup_vs_compile,
+             "speedup_vs_eager": c.outcome.profile.speedup_vs_eager() if c.outcome.profile else None}
+            for c in traj.candidates
+        ],
+        "output_dir": str(out_dir),
+        "trajectory_id": traj.id,
+    }
+
+
+def render_report(rep: dict, traj: Trajectory) -> str:
+    lines = [f"# cuda-agent optimize: {rep['task']}", ""]
+    if rep["verified"]:
+        se, sc = rep["speedup_vs_eager"], rep["speedup_vs_compile"]
+        if sc is not None:
+            lines.append(f"**Verified solution: {se:.2f}x faster than eager PyTorch, {sc:.2f}x against torch.compile.**")
+        else:
+            lines.append("**Verified solution (correct; not profiled).**")
+    else:
+        lines.append("**No verified solution.** No candidate passed verification; see the transcript.")
+    lines += ["", "| | |", "| --- | --- |"]
+    rows = [
+        ("model.py", rep["model_py"] or rep["task"]),
+        ("backend", rep["backend"]),
+        ("policy", f"{rep['policy']}" + (f" ({rep['model']})" if rep["model"] else "")),
+        ("turns", f"{rep['turns']} (ended: {rep['finish_reason']})"),
+        ("time", f"{rep['seconds']:.1f} s" if rep["seconds"] is not None else "-"),
+    ]
+    for label in ("eager", "compile", "candidate"):
+        t = rep["timings"].get(label)
+        if t:
+            name = {"eager": "eager PyTorch", "compile": "torch.compile", "candidate": "this solution"}[label]
+            rows.append((name, f"{t['median_ms']:.4g} ms (spread {t['spread'] * 100:.1f}%, {t['method'] or 'timed'})"))
+    if rep["reward"]:
+        r = rep["reward"]
+        rows.append(("reward", f"{r['value']:g} ({r['reward']})"))
+    if rep["verified"]:
+        rows.append(("best version", f"turn {rep['best_turn']}: {', '.join(rep['best_files'])}"))
+    lines += [f"| {a} | {b} |" for a, b in rows]
+    if traj.candidates:
+        lines += ["", "## Every verified version", "", candidate_table(traj)]
+    lines += [
+        "",
+        "## Files",
+        "",
+        "- `best/`: the best solution's `model_new.py` and `kernels/`, with `cuda_agent_runtime.py`.",
+        "- `workspace/`: the agent's workspace, left with the best solution and its build "
+        "(`python tools/verify.py` and `python tools/profile.py` there re-check it).",
+        "- `transcript.md`: the whole episode; `trajectories.jsonl`: its raw record.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- the command's work ------------------------------------------------------------------
+
+
+def _agent_options(cfg: Any) -> AgentOptions:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg.agent, resolve=True) if "agent" in cfg else {}
+    names = {f.name for f in fields(AgentOptions)}
+    return AgentOptions(**{k: v for k, v in (node or {}).items() if k in names})
+
+
+def _env_options(cfg: Any, backend: str) -> EnvironmentOptions:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg.environment, resolve=True) if "environment" in cfg else {}
+    names = {f.name for f in fields(EnvironmentOptions)}
+    opts = EnvironmentOptions(**{k: v for k, v in (node or {}).items() if k in names})
+    opts.backend = backend
+    return opts
+
+
+def _compiler_for(cfg: Any, backend: str) -> Any:
+    from omegaconf import OmegaConf
+
+    from .workspace import COMPILER_BACKEND
+
+    node = cfg.get("compiler") if hasattr(cfg, "get") else None
+    if node is None or node.get("name") is None:
+        return None
+    spec = OmegaConf.to_container(node, resolve=True)
+    if COMPILER_BACKEND.get(spec["name"], backend) != backend:
+        return None  # the configured compiler is for the other backend: use this backend's default
+    return spec
+
+
+def read_task(model_path: Path) -> Task:
+    if not model_path.is_file():
+        raise TaskError(f"{model_path}: no such file")
+    from .workspace import check_task_code
+
+    code = model_path.read_text()
+    check_task_code(code, str(model_path))
+    stem = model_path.stem if model_path.stem != "model" else (model_path.parent.name or "model")
+    return Task(id=stem, source="user", code=code, name=model_path.name)
+
+
+def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = None, progress: bool = True,
+                 command: str = "optimize") -> dict:
+    """Run one episode on ``task``; write best/, reports and the transcript to ``out_dir``."""
+    from cuda_agent.core.plugins import get_plugin_manager
+    from cuda_agent.core.run import Run
+
+    pm = get_plugin_manager()
+    out_dir = Path(out_dir).resolve()
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError(f"output folder {out_dir} is not empty; choose another with --out")
+    backend = detect_backend(str(cfg.get("backend", "auto")))
+    options = _agent_options(cfg)
+    policy = pm.create("policy", cfg.policy, where="policy")
+    run = Run(cfg, command=command, pm=pm)
+    run.dir = out_dir
+    run.id = out_dir.name
+    with run:
+        env = CudaEnvironment(
+            task, out_dir / "workspace", _env_options(cfg, backend),
+            compiler=_compiler_for(cfg, backend),
+            sandbox=cfg.get("sandbox"),
+            executor=cfg.get("executor"),
+            reward=cfg.get("reward"),
+            service_options=cfg.get("service"),
+            pm=pm,
+        )
+        bar = Progress(options.max_turns, enabled=progress)
+        try:
+            traj = run_episode_sync(task, policy, env, options, on_event=bar)
+        finally:
+            bar.close()
+            env.close()
+        traj.metadata["backend"] = backend
+        TrajectoryStore(out_dir / "trajectories.jsonl").append(traj)
+        (out_dir / "transcript.md").write_text(render_transcript(traj))
+        if traj.best is not None:
+            best_dir = out_dir / "best"
+            for rel, text in traj.best.files.items():
+                dest = best_dir / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(text)
+            runtime = env.ws.root / "cuda_agent_runtime.py"
+            if runtime.exists():
+                shutil.copyfile(runtime, best_dir / "cuda_agent_runtime.py")
+        policy_name = str(cfg.policy.name)
+        model = str(cfg.policy.get("options", {}).get("model", "") or "")
+        rep = build_report(task, model_path, traj, backend, policy_name, model, out_dir)
+        (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str))
+        (out_dir / "report.md").write_text(render_report(rep, traj))
+        pm.hook.on_trajectory_end(run=run, trajectory=traj)
+        run.log.info("optimize.done", task=task.id, verified=rep["verified"], finish=traj.finish_reason,
+                     speedup_vs_compile=rep["speedup_vs_compile"], turns=rep["turns"])
+    return rep
+
+
+def _summary(rep: dict) -> str:
+    if rep["verified"] and rep["speedup_vs_compile"] is not None:
+        head = (f"verified: {rep['speedup_vs_eager']:.2f}x vs eager, {rep['speedup_vs_compile']:.2f}x vs torch.compile"
+                f" (turn {rep['best_turn']}, {rep['turns']} turns, {rep['seconds']:.0f} s)")
+    elif rep["verified"]:
+        head = "verified: correct (not profiled)"
+    else:
+        head = f"no verified solution ({rep['turns']} turns, ended: {rep['finish_reason']})"
+    out = Path(rep["output_dir"])
+    return f"{head}\nreport: {out / 'report.md'}\nbest solution: {out / 'best'}"
+
+
+def _default_out(stem: str) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-optimize-{stem}"
+
+
+def demo_paths() -> tuple[Path, Path]:
+    base = Path(str(resources.files("cuda_agent.sandbox").joinpath(DEMO_DIR)))
+    return base / "model.py", base / "trajectory.json"
+
+
+# --- click commands ---------------------------------------------------------------------------
+
+
+def register(cli: Any) -> None:
+    from cuda_agent.core.cli import split_args
+    from cuda_agent.core.config import compose
+
+    @cli.command("optimize", context_settings={"ignore_unknown_options": True})
+    @click.argument("model_py", type=click.Path(dir_okay=False, path_type=Path))
+    @click.argument("args", nargs=-1)
+    @click.option("--policy", default=None, help="Policy plugin: openai, replay, hf, vllm (config: policy.name).")
+    @click.option("--model", default=None, help="Model name (openai, vllm) or folder (hf).")
+    @click.option("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")
+    @click.option("--api-key-env", default=None, help="Environment variable holding the API key.")
+    @click.option("--recording", default=None, type=click.Path(dir_okay=False), help="Trajectory to replay (policy replay).")
+    @click.option("--backend", default=None, type=click.Choice(["auto", "cuda", "cpu"]), help="Kernel backend.")
+    @click.option("--max-turns", default=None, type=int, help="Turn limit (config: agent.max_turns).")
+    @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
+                  help="Output folder (default: runs/<time>-optimize-<name>).")
+    @click.option("--quiet", is_flag=True, help="No progress line.")
+    def optimize_cmd(model_py, args, policy, model, base_url, api_key_env, recording, backend, max_turns, out, quiet):
+        """Run the agent on MODEL_PY (KernelBench format: Model, get_inputs, get_init_inputs).
+
+        ARGS are config files and key=value overrides. Leaves the best verified solution,
+        report.md and transcript.md in the output folder.
+        """
+        files, overrides = split_args(args)
+        extra = []
+        if policy:
+            extra.append(f"policy.name={policy}")
+        name = policy
+        if model:
+            extra.append(f"policy.options.model={model}")
+        if base_url:
+            extra.append(f"policy.options.base_url={base_url}")
+        if api_key_env:
+            extra.append(f"policy.options.api_key_env={api_key_env}")
+        if recording:
+            extra.append(f"policy.options.path={Path(recording).resolve()}")
+        if backend:
+            extra.append(f"backend={backend}")
+        if max_turns is not None:
+            extra.append(f"agent.max_turns={max_turns}")
+        cfg = compose(files, overrides + extra)
+        name = cfg.policy.get("name")
+        if not name:
+            raise ConfigError("no policy chosen: pass --policy (openai, replay, hf, vllm)")
+        task = read_task(model_py)
+        rep = run_optimize(cfg, task, out or _default_out(task.id), model_path=model_py.resolve(), progress=not quiet)
+        click.echo(_summary(rep))
+
+    @cli.command("demo", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1)
+    @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
+                  help="Output folder (default: runs/<time>-optimize-demo).")
+    @click.option("--quiet", is_flag=True, help="No progress line.")
+    def demo_cmd(args, out, quiet):
+        """Replay a recorded agent episode on a bundled example, for real: the kernel it
+        writes is compiled, verified and profiled here (CPU backend, local sandbox)."""
+        model_path, recording = demo_paths()
+        files, overrides = split_args(args)
+        defaults = ["policy.name=replay", f"policy.options.path={recording}", "backend=cpu"]
+        cfg = compose(files, defaults + overrides)
+        task = Task(id="demo", source="demo", code=model_path.read_text(), name="fused hard-swish + affine (CPU)")
+        rep = run_optimize(cfg, task, out or _default_out("demo"), model_path=model_path, progress=not quiet,
+                           command="demo")
+        click.echo(_summary(rep))
