@@ -1,5 +1,34 @@
-"""Built-in trainer plugin: registers this package's components."""
+"""Built-in trainer plugin: algorithms, the TensorBoard tracker, the trainer config, ``cuda-agent train``."""
 
 from __future__ import annotations
 
-from cuda_agent.core.hookspecs import hookimpl  # noqa: F401
+from pathlib import Path
+
+from cuda_agent.core.hookspecs import hookimpl
+
+
+@hookimpl
+def register_algorithms(register):
+    from .algorithms import ALGORITHMS
+
+    for cls in ALGORITHMS:
+        register(cls)
+
+
+@hookimpl
+def register_trackers(register):
+    from .trackers import TensorBoardTracker
+
+    register(TensorBoardTracker)
+
+
+@hookimpl
+def register_config_fragments(register):
+    register("trainer", Path(__file__).parent / "configs" / "trainer.yaml")
+
+
+@hookimpl
+def register_commands(cli):
+    from .cli import train_cmd
+
+    cli.add_command(train_cmd)

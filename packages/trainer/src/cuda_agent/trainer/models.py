@@ -1,0 +1,106 @@
+"""Actor (causal LM) and critic (backbone + scalar value head) models, and their forward passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuda_agent.core.errors import ConfigError
+
+from .losses import entropy_from_logits, logprobs_from_logits
+
+VALUE_HEAD = "value_head.safetensors"
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name), None)
+    if not isinstance(dt, torch.dtype):
+        raise ConfigError(f"unknown dtype {name!r}; valid: float32, bfloat16, float16")
+    return dt
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32") -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if not Path(path).exists():
+        raise ConfigError(f"model folder not found: {path}")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype))
+    except TypeError:  # older transformers
+        return AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+
+
+class ValueModel(nn.Module):
+    """A transformer backbone with a linear head giving one value per position."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.v_head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.v_head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.v_head.bias)
+        self.config = backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state
+        return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str = "float32") -> "ValueModel":
+        """From a causal-LM folder (the head starts fresh) or a saved critic (the head is restored)."""
+        from transformers import AutoModel
+
+        if not Path(path).exists():
+            raise ConfigError(f"critic folder not found: {path}")
+        try:
+            backbone = AutoModel.from_pretrained(str(path), dtype=torch_dtype(dtype))
+        except TypeError:
+            backbone = AutoModel.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+        model = cls(backbone, backbone.config.hidden_size).to(torch_dtype(dtype))
+        head = Path(path) / VALUE_HEAD
+        if head.exists():
+            from safetensors.torch import load_file
+
+            model.v_head.load_state_dict(load_file(str(head)))
+        return model
+
+    def save_pretrained(self, path: str | Path, state_dict: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        sd = state_dict if state_dict is not None else self.state_dict()
+        backbone = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
+        head = {k[len("v_head."):]: v.detach().cpu().contiguous() for k, v in sd.items() if k.startswith("v_head.")}
+        self.backbone.save_pretrained(path, state_dict=backbone)
+        save_file(head, str(path / VALUE_HEAD))
+
+
+def value_model_from_causal_lm(lm: nn.Module) -> ValueModel:
+    """A critic sharing nothing with ``lm`` but starting from a copy of its backbone weights."""
+    import copy
+
+    base = copy.deepcopy(lm.base_model if hasattr(lm, "base_model") else lm.model)
+    return ValueModel(base, lm.config.hidden_size).to(next(lm.parameters()).dtype)
+
+
+def actor_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` (and per-position entropy) from one forward pass."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    logits = out.logits[:, :-1]
+    logp = logprobs_from_logits(logits, input_ids[:, 1:], temperature)
+    ent = None
+    if with_entropy:
+        scaled = logits.float() / temperature if temperature and temperature != 1.0 else logits
+        ent = entropy_from_logits(scaled)
+    return logp, ent
+
+
+def critic_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Values ``[B, L-1]``: the value of the state before each action token."""
+    return model(input_ids=input_ids, attention_mask=attention_mask)[:, :-1]

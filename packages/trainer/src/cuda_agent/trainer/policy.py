@@ -1,0 +1,160 @@
+"""Rollout policies over the live actor weights.
+
+:class:`ActorPolicy` is a token-level policy for the core agent loop (``generate(prompt_ids,
+sampling) -> (ids, logprobs, finish_reason)``, awaitable) that samples with HF ``generate``
+on the model being trained. Concurrent episodes' requests are gathered into one batched
+(left-padded) ``generate`` call that runs in a worker thread, so tool calls and rewards of
+other episodes proceed while the model generates. The recorded log-prob of a token is
+``log_softmax(logits / temperature)`` at that token, the quantity the trainer recomputes.
+
+:func:`sync_policy_weights` pushes new weights to an external rollout engine (vLLM) after
+an update; the actor policy reads the trained module directly and needs no sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import torch
+
+
+class ActorPolicy:
+    name = "actor"
+    token_level = True
+
+    def __init__(self, model: Any, tokenizer: Any, device: Any = None, max_batch: int = 64,
+                 temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 512,
+                 stop_tokens: tuple[str, ...] = ("<|im_end|>",), gather_ms: float = 5.0, seed: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device or next(model.parameters()).device
+        self.max_batch = max_batch
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.gather_s = gather_ms / 1000.0
+        self.stop_ids: list[int] = []
+        if tokenizer.eos_token_id is not None:
+            self.stop_ids.append(int(tokenizer.eos_token_id))
+        vocab = tokenizer.get_vocab()
+        for t in stop_tokens:
+            if t in vocab and int(vocab[t]) not in self.stop_ids:
+                self.stop_ids.append(int(vocab[t]))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
+        self._flush_task: asyncio.Task | None = None
+        self._lock = threading.Lock()
+        self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        self.seed = seed
+
+    # -- the agent loop's interface -------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((list(prompt_ids), dict(sampling), fut))
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = loop.create_task(self._flush_soon())
+        return await fut
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self.gather_s)
+        while self._pending:
+            reqs, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+            try:
+                outs = await asyncio.to_thread(self.generate_batch, [r[0] for r in reqs], [r[1] for r in reqs])
+                for (_, _, fut), out in zip(reqs, outs):
+                    if not fut.done():
+                        fut.set_result(out)
+            except Exception as exc:  # every waiting episode sees the failure
+                for _, _, fut in reqs:
+                    if not fut.done():
+                        fut.set_exception(exc)
+            await asyncio.sleep(self.gather_s)
+
+    # -- batched sampling ------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], samplings: list[dict]) -> list[tuple[list[int], list[float], str]]:
+        t0 = time.monotonic()
+        with self._lock:
+            temp = float(samplings[0].get("temperature", self.temperature))
+            top_p = float(samplings[0].get("top_p", self.top_p))
+            caps = [int(s.get("max_tokens") or self.max_new_tokens) for s in samplings]
+            caps = [max(0, min(c, self.max_new_tokens)) for c in caps]
+            limit = getattr(self.model.config, "max_position_embeddings", None)
+            if limit:
+                caps = [max(0, min(c, int(limit) - len(p))) for c, p in zip(caps, prompts)]
+            max_new = max(caps) if caps else 0
+            if max_new <= 0:
+                return [([], [], "length") for _ in prompts]
+            L = max(len(p) for p in prompts)
+            ids = torch.full((len(prompts), L), self.pad_id, dtype=torch.long)
+            attn = torch.zeros((len(prompts), L), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+                attn[i, L - len(p):] = 1
+            was_training = self.model.training
+            self.model.eval()
+            greedy = temp <= 0
+            kwargs = dict(do_sample=not greedy, max_new_tokens=max_new, eos_token_id=self.stop_ids,
+                          pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True,
+                          use_cache=True)
+            if not greedy:
+                kwargs.update(temperature=temp, top_p=top_p, top_k=0)
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
+            if was_training:
+                self.model.train()
+            seqs = out.sequences[:, L:].cpu()
+            logits = torch.stack(out.logits, dim=1).float()  # [B, steps, V]
+            if not greedy:
+                logits = logits / temp
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, seqs.to(logits.device)[..., None])[..., 0].cpu()
+            results = []
+            stop = set(self.stop_ids)
+            n_tokens = 0
+            for i in range(len(prompts)):
+                row = seqs[i].tolist()
+                cap = caps[i]
+                end, reason = min(cap, len(row)), "length"
+                for j, tok in enumerate(row[:cap]):
+                    if tok in stop:
+                        end, reason = j + 1, "stop"
+                        break
+                results.append((row[:end], logp[i, :end].tolist(), reason))
+                n_tokens += end
+            self.stats["generated_tokens"] += n_tokens
+            self.stats["generate_seconds"] += time.monotonic() - t0
+            self.stats["calls"] += len(prompts)
+            self.stats["batches"] += 1
+            return results
+
+    def reset_stats(self) -> dict:
+        s, self.stats = self.stats, {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        return s
+
+
+def sync_policy_weights(policy: Any, state_dict: dict | None = None, engine: Any = None) -> str:
+    """Make an external rollout policy use the latest weights; returns what was done.
+
+    * the actor policy shares the trained module: nothing to do;
+    * a policy with ``update_weights(named_tensors)`` (a vLLM engine or server client) gets them;
+    * a policy holding an HF ``model`` (the core ``hf`` policy) loads the state dict.
+    """
+    if isinstance(policy, ActorPolicy):
+        return "shared"
+    if state_dict is None and engine is not None:
+        state_dict = engine.full_state_dict()
+    if state_dict is None:
+        return "none"
+    if hasattr(policy, "update_weights"):
+        policy.update_weights(iter(state_dict.items()))
+        return "update_weights"
+    model = getattr(policy, "model", None)
+    if model is not None and hasattr(model, "load_state_dict"):
+        model.load_state_dict(state_dict, strict=False)
+        return "load_state_dict"
+    return "unsupported"

@@ -1,0 +1,393 @@
+"""A training run: an ordered list of stages, each starting from the previous stage's weights.
+
+The paper's pipeline (the default preset, ``configs/paper.yaml``): single-turn PPO
+warm-up (32k context) -> rejection fine-tuning on agent trajectories -> critic value
+pretraining on the trajectories RFT kept -> multi-turn agentic PPO.
+
+Every step: sample tasks, run episodes through the core agent loop (rollout
+log-probs recorded), update, log metrics to the trackers, write a checkpoint. A run
+killed at any point resumes (``run.resume=<run folder>``) from its last complete
+checkpoint: at most the step in progress is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuda_agent.core.errors import ConfigError, did_you_mean
+
+from . import checkpoint as ckpt
+from .engine import EngineOptions, build_engine, rank, resolve_device, world_size
+from .loop import Trainer
+from .models import ValueModel, load_causal_lm, torch_dtype
+from .policy import ActorPolicy, sync_policy_weights
+from .rollout import collect, load_trajectories, rollout_metrics, save_trajectories
+
+STAGE_KEYS = ("name", "algorithm", "steps", "agent", "samples_per_task", "critic_init", "environment", "dataset",
+              "checkpoint_every")
+
+
+@dataclass
+class StageSpec:
+    name: str
+    algorithm: dict
+    steps: int = 1
+    agent: dict = field(default_factory=dict)  # AgentOptions overrides: max_turns, context_tokens, ...
+    samples_per_task: int | None = None  # default: grpo group_size, else 1
+    critic_init: str = "previous"  # previous (latest critic of an earlier stage, else the actor) | actor
+    environment: dict | None = None
+    dataset: dict | None = None
+    checkpoint_every: int | None = None
+
+    @classmethod
+    def parse(cls, raw: dict, index: int) -> "StageSpec":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"trainer.stages[{index}] must be a mapping, got {raw!r}")
+        for k in raw:
+            if k not in STAGE_KEYS:
+                raise ConfigError(f"unknown key trainer.stages[{index}].{k}; {did_you_mean(k, STAGE_KEYS)}")
+        if not raw.get("name") or not raw.get("algorithm"):
+            raise ConfigError(f"trainer.stages[{index}] needs a name and an algorithm")
+        algo = raw["algorithm"]
+        if isinstance(algo, str):
+            algo = {"name": algo, "options": {}}
+        if raw.get("critic_init", "previous") not in ("previous", "actor"):
+            raise ConfigError(f"trainer.stages[{index}].critic_init must be previous or actor")
+        return cls(name=str(raw["name"]), algorithm=dict(algo), steps=int(raw.get("steps", 1)),
+                   agent=dict(raw.get("agent") or {}), samples_per_task=raw.get("samples_per_task"),
+                   critic_init=raw.get("critic_init", "previous"), environment=raw.get("environment"),
+                   dataset=raw.get("dataset"), checkpoint_every=raw.get("checkpoint_every"))
+
+
+def _plain(x: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(x, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(x, resolve=True)
+    return x
+
+
+class StageRunner:
+    """Runs ``trainer.stages`` of a composed config inside a :class:`~cuda_agent.core.run.Run`."""
+
+    def __init__(self, cfg: Any, run: Any, pm: Any = None, trackers: list | None = None, show_progress: bool = True):
+        from cuda_agent.core.plugins import get_plugin_manager
+
+        self.cfg = cfg
+        self.run = run
+        self.pm = pm or get_plugin_manager()
+        self.tc: dict = _plain(cfg.trainer)
+        self.seed = int(_plain(cfg.run).get("seed", 0) or 0)
+        raw_stages = self.tc.get("stages") or []
+        if not raw_stages:
+            raise ConfigError("trainer.stages is empty: give at least one stage")
+        self.stages = [StageSpec.parse(s, i) for i, s in enumerate(raw_stages)]
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"trainer.stages: stage names must be unique, got {names}")
+        self.engine_options = self._engine_options()
+        self.trackers = trackers if trackers is not None else self._trackers()
+        self.show_progress = show_progress
+        self.global_step = 0
+        self.history: list[dict] = []
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _engine_options(self) -> EngineOptions:
+        raw = dict(self.tc.get("engine") or {})
+        names = [f.name for f in dataclasses.fields(EngineOptions)]
+        for k in raw:
+            if k not in names:
+                raise ConfigError(f"unknown key trainer.engine.{k}; {did_you_mean(k, names)}")
+        if "adam_betas" in raw and raw["adam_betas"] is not None:
+            raw["adam_betas"] = tuple(raw["adam_betas"])
+        return EngineOptions(**raw)
+
+    def _trackers(self) -> list:
+        out = []
+        if rank() != 0:
+            return out
+        for i, spec in enumerate(_plain(self.cfg.get("trackers")) or []):
+            out.append(self.pm.create("tracker", spec, where=f"trackers[{i}]", run_dir=self.run.dir))
+        return out
+
+    def stage_dir(self, index: int) -> Path:
+        return Path(self.run.dir) / "stages" / f"{index:02d}-{self.stages[index].name}"
+
+    def base_model_dir(self) -> Path:
+        """The starting weights: ``trainer.model.path``, or a tiny model built once into the run folder."""
+        m = self.tc.get("model") or {}
+        if m.get("path"):
+            p = Path(m["path"])
+            if not p.exists():
+                raise ConfigError(f"trainer.model.path not found: {p}")
+            return p
+        build = m.get("build")
+        if not build:
+            raise ConfigError("trainer.model needs a path (a local HF model folder) or build (a tiny random model)")
+        out = Path(self.run.dir) / "base_model"
+        if not (out / ckpt.MARKER).exists():
+            from .tiny import build_tiny_causal_lm
+
+            tok = None
+            if m.get("tokenizer") == "environment":
+                tok = self._env_factory(None).tokenizer()
+            elif m.get("tokenizer"):
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(m["tokenizer"])
+            with ckpt.CheckpointWriter(out) as tmp:
+                build_tiny_causal_lm(tmp, tokenizer=tok, seed=self.seed, **dict(build))
+        return out
+
+    def _env_factory(self, stage: StageSpec | None) -> Any:
+        from .envs import make_environment_factory
+
+        spec = (stage.environment if stage is not None and stage.environment else None) or self.tc.get("environment")
+        if not spec or not spec.get("name"):
+            raise ConfigError("trainer.environment needs a name (toy or cuda)")
+        factory = make_environment_factory(spec)
+        if hasattr(factory, "bind"):
+            factory.bind(self.cfg, self.pm)
+        return factory
+
+    def _tasks(self, stage: StageSpec, factory: Any) -> Any:
+        spec = stage.dataset or self.tc.get("dataset")
+        if spec and spec.get("name"):
+            ds = self.pm.create("dataset", spec, where="trainer.dataset")
+            pool = list(ds.tasks())
+            if not pool:
+                raise ConfigError(f"dataset {spec['name']!r} gave no tasks")
+            return lambda n, rng: [rng.choice(pool) for _ in range(n)]
+        if hasattr(factory, "tasks"):
+            return factory.tasks
+        raise ConfigError("trainer.dataset needs a name (the environment does not make its own tasks)")
+
+    def _find_previous(self, index: int, what: str) -> Path | None:
+        for j in range(index - 1, -1, -1):
+            p = self.stage_dir(j) / "final" / what
+            if p.exists():
+                return p
+        return None
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run_all(self) -> list[dict]:
+        base = self.base_model_dir()
+        for i, stage in enumerate(self.stages):
+            sdir = self.stage_dir(i)
+            if ckpt.is_complete(sdir / "final"):
+                self.global_step += stage.steps
+                self.run.log.info("stage.skip", stage=stage.name, reason="already complete")
+                continue
+            self.pm.hook.on_stage_start(run=self.run, stage=stage)
+            self.run_stage(i, stage, base)
+        for t in self.trackers:
+            t.close()
+        return self.history
+
+    def run_stage(self, index: int, stage: StageSpec, base: Path) -> None:
+        sdir = self.stage_dir(index)
+        sdir.mkdir(parents=True, exist_ok=True)
+        algo = self.pm.create("algorithm", stage.algorithm, where=f"trainer.stages[{index}].algorithm")
+        o = algo.options
+        dtype = (self.tc.get("model") or {}).get("dtype", "float32")
+        actor_init = self._find_previous(index, "actor") or base
+        critic_init = actor_init
+        if stage.critic_init == "previous":
+            critic_init = self._find_previous(index, "critic") or actor_init
+        resume = ckpt.latest_checkpoint(sdir)
+        start = 0
+        if resume is not None:
+            start = resume[0] + 1
+            actor_init = resume[1] / "actor" if (resume[1] / "actor").exists() else actor_init
+            critic_init = resume[1] / "critic" if (resume[1] / "critic").exists() else critic_init
+            self.run.log.info("stage.resume", stage=stage.name, from_step=resume[0])
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.base_model_dir()))
+        self.tokenizer = tokenizer
+        factory = self._env_factory(stage)
+        sample_tasks = self._tasks(stage, factory)
+        source = getattr(o, "source", "collect")
+        pool: list = []
+        if source == "previous":
+            prev = index - 1
+            if prev >= 0:
+                for f in sorted((self.stage_dir(prev) / "kept").glob("step-*.jsonl")):
+                    pool.extend(load_trajectories(f))
+            if not pool:
+                self.run.log.warning("stage.no_trajectories", stage=stage.name,
+                                     note="previous stage kept none; collecting fresh rollouts")
+        needs_actor_model = algo.trains_actor or not pool
+        max_grad = float(getattr(o, "max_grad_norm", 1.0))
+        actor = critic = reference = None
+        if needs_actor_model:
+            model = load_causal_lm(actor_init, dtype)
+            actor = build_engine(model, float(getattr(o, "actor_lr", 0.0) or 0.0), max_grad, self.engine_options)
+            if algo.trains_actor and resume is not None:
+                actor.load_state(resume[1] / "actor_state")
+        if algo.trains_critic:
+            cmodel = ValueModel.from_pretrained(critic_init, dtype)
+            critic = build_engine(cmodel, float(getattr(o, "critic_lr", 0.0)), max_grad, self.engine_options)
+            if resume is not None:
+                critic.load_state(resume[1] / "critic_state")
+        if algo.needs_reference:
+            reference = load_causal_lm(self._find_previous(index, "actor") or base, dtype)
+            reference.to(resolve_device(self.engine_options)).eval()
+            for p in reference.parameters():
+                p.requires_grad_(False)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        trainer = Trainer(actor, critic, reference, pad_id=pad, max_length=self.tc.get("max_length"))
+        policy = None
+        if actor is not None:
+            policy = self._policy(actor, tokenizer, stage)
+        agent_options = self._agent_options(stage)
+        samples = stage.samples_per_task or int(getattr(o, "group_size", 1) or 1)
+        every = int(stage.checkpoint_every or (self.tc.get("checkpoint") or {}).get("every", 1) or 1)
+        keep = int((self.tc.get("checkpoint") or {}).get("keep", 2))
+        critic_warmup = int(getattr(o, "critic_warmup_steps", 0) or 0)
+        stage_offset = self.global_step
+        ws = world_size()
+        per_rank = max(1, int(o.batch_size) // ws)
+        for step in range(start, stage.steps):
+            t_step = time.monotonic()
+            seed = self.seed * 1_000_003 + index * 10_007 + step * 101 + rank()
+            torch.manual_seed(seed)
+            rng = random.Random(seed)
+            metrics: dict[str, float] = {"stage": float(index)}
+            if pool:
+                order = list(range(len(pool)))
+                random.Random(seed).shuffle(order)
+                trajs = [pool[order[k % len(pool)]] for k in range(per_rank)]
+                rollout_s = 0.0
+            else:
+                n_tasks = max(1, per_rank // samples)
+                tasks = sample_tasks(n_tasks, rng)
+                res = collect(tasks, policy, lambda t, i: factory.make(t, None), agent_options,
+                              concurrency=int((self.tc.get("rollout") or {}).get("concurrency", 64)),
+                              samples_per_task=samples, step=step, show_progress=self.show_progress)
+                trajs = res.trajectories
+                rollout_s = res.seconds
+                metrics["rollout/tokens_per_s"] = res.tokens_per_s
+                metrics["rollout/seconds"] = res.seconds
+                metrics["rollout/generated_tokens"] = float(res.generated_tokens)
+                for t in trajs:
+                    self.pm.hook.on_trajectory_end(run=self.run, trajectory=t)
+            metrics.update(rollout_metrics(trajs))
+            in_warmup = step < critic_warmup
+            up = trainer.update(trajs, algo, step=step, train_actor=not in_warmup, train_critic=True)
+            metrics.update(up)
+            if policy is not None and algo.trains_actor:
+                sync_policy_weights(policy, engine=actor)
+            metrics["step_seconds"] = time.monotonic() - t_step
+            metrics["rollout/share_of_step"] = rollout_s / max(metrics["step_seconds"], 1e-9)
+            metrics["stage_step"] = float(step)
+            if torch.cuda.is_available():
+                metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
+            gstep = stage_offset + step
+            self._log(gstep, metrics)
+            self.history.append({"step": gstep, "stage": stage.name, **metrics})
+            if getattr(algo, "name", "") == "rft" and rank() == 0:
+                kept, _ = algo.select(trajs)
+                save_trajectories(kept, sdir / "kept" / f"step-{step:06d}.jsonl")
+            last = step == stage.steps - 1
+            if (step + 1) % every == 0 or last:
+                self._save(ckpt.step_dir(sdir, step), actor if algo.trains_actor else None,
+                           critic if algo.trains_critic else None, tokenizer, {"stage": index, "step": step,
+                                                                               "metrics": metrics})
+                if rank() == 0:
+                    ckpt.prune(sdir, keep)
+        # the stage's result: the weights of its last checkpoint (or its untouched inputs)
+        final = sdir / "final"
+        if rank() == 0:
+            last = ckpt.latest_checkpoint(sdir)
+            with ckpt.CheckpointWriter(final) as tmp:
+                if last is not None:
+                    for what in ("actor", "critic"):
+                        if (last[1] / what).exists():
+                            shutil.copytree(last[1] / what, tmp / what)
+        self.global_step = stage_offset + stage.steps
+        if hasattr(factory, "close"):
+            factory.close()
+        del trainer, actor, critic, reference, policy
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _policy(self, actor: Any, tokenizer: Any, stage: StageSpec) -> Any:
+        r = dict(self.tc.get("rollout") or {})
+        agent = {**dict(self.tc.get("agent_defaults") or {}), **stage.agent}
+        engine = r.get("engine", "actor")
+        if engine != "actor":
+            raise ConfigError(f"trainer.rollout.engine={engine!r}: only 'actor' (HF generate on the trained "
+                              "weights) runs in-process; vLLM servers are driven through a policy plugin")
+        return ActorPolicy(actor.module, tokenizer, device=actor.device, max_batch=int(r.get("max_batch", 64)),
+                           temperature=float(r.get("temperature", 1.0)), top_p=float(r.get("top_p", 1.0)),
+                           max_new_tokens=int(agent.get("max_tokens_per_turn", r.get("max_new_tokens", 512))),
+                           seed=self.seed)
+
+    def _agent_options(self, stage: StageSpec) -> Any:
+        from cuda_agent.core.agent import AgentOptions
+
+        base = _plain(self.cfg.get("agent")) or {}
+        merged = {**base, **dict(self.tc.get("agent_defaults") or {}), **stage.agent}
+        names = [f.name for f in dataclasses.fields(AgentOptions)]
+        r = dict(self.tc.get("rollout") or {})
+        merged.setdefault("sampling", {})
+        merged["sampling"] = {"temperature": float(r.get("temperature", 1.0)), "top_p": float(r.get("top_p", 1.0)),
+                              **dict(merged.get("sampling") or {})}
+        for k in merged:
+            if k not in names:
+                raise ConfigError(f"unknown agent option {k!r} in stage {stage.name}; {did_you_mean(k, names)}")
+        merged["check_hooks"] = merged.get("check_hooks", True)
+        return AgentOptions(**merged)
+
+    def _log(self, step: int, metrics: dict) -> None:
+        for t in self.trackers:
+            t.log(step, metrics)
+        self.pm.hook.on_step_end(run=self.run, step=step, metrics=metrics)
+
+    def _save(self, path: Path, actor: Any, critic: Any, tokenizer: Any, info: dict) -> None:
+        actor_sd = actor.full_state_dict() if actor is not None else None
+        critic_sd = critic.full_state_dict() if critic is not None else None
+        main = rank() == 0
+        writer = ckpt.CheckpointWriter(path, is_main=main)
+        tmp = writer.tmp
+        if main:
+            writer.__enter__()
+        _barrier()
+        try:
+            if actor is not None:
+                actor.save_state(tmp / "actor_state")
+            if critic is not None:
+                critic.save_state(tmp / "critic_state")
+            if main:
+                if actor is not None:
+                    actor.module.save_pretrained(tmp / "actor", state_dict=actor_sd)
+                    tokenizer.save_pretrained(tmp / "actor")
+                if critic is not None:
+                    critic.module.save_pretrained(tmp / "critic", state_dict=critic_sd)
+                ckpt.write_json(tmp / "trainer.json", info)
+        except BaseException as exc:
+            if main:
+                writer.__exit__(type(exc), exc, None)
+            raise
+        _barrier()
+        if main:
+            writer.__exit__(None, None, None)
+        _barrier()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
