@@ -49,5 +49,15 @@ def register_correctness_checks(register):
 @hookimpl
 def register_commands(cli):
     from .optimize import register
+    from .sandboxes.cli import register_sandbox_commands
 
     register(cli)
+    register_sandbox_commands(cli)
+
+
+@hookimpl
+def register_sandboxes(register):
+    from .sandboxes import DockerSandbox, LocalSandbox
+
+    register(LocalSandbox)
+    register(DockerSandbox)

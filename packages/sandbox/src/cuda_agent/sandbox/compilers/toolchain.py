@@ -33,8 +33,17 @@ def find_nvcc(explicit: str = "") -> str:
 
 @functools.lru_cache(maxsize=None)
 def cuda_home(nvcc: str) -> Path:
+    """The CUDA toolkit root (nvcc on PATH may be a wrapper script elsewhere)."""
     real = Path(shutil.which(nvcc) or nvcc).resolve()
-    return real.parent.parent
+    cands = [real.parent.parent]
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands.append(Path(os.environ[env]))
+    cands += [Path("/usr/local/cuda")]
+    for c in cands:
+        if (c / "include" / "cuda_runtime.h").exists():
+            return c
+    return cands[0]
 
 
 def cuda_lib_dir(nvcc: str) -> Path:

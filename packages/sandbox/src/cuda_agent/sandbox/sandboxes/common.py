@@ -1,0 +1,227 @@
+"""What the local and docker sandboxes share: results, process handles, the permission
+layout of a workspace, agent user ids and the disk watchdog."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import select
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cuda_agent.core.errors import CudaAgentError
+
+STATE_DIR = ".cuda_agent"
+
+
+class SandboxError(CudaAgentError):
+    """A sandbox cannot be opened or used as configured."""
+
+
+@dataclass
+class CommandResult:
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+# --- agent user ids ---------------------------------------------------------------------
+
+
+class UidLease:
+    """A user id no other open sandbox session uses (a file lock held while open)."""
+
+    def __init__(self, workspace: Path, base: int, count: int, lock_dir: Path):
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        start = int(hashlib.sha256(str(workspace).encode()).hexdigest(), 16) % count
+        self._f = None
+        for i in range(count):
+            uid = base + (start + i) % count
+            f = open(lock_dir / f"uid-{uid}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            self._f = f
+            self.uid = self.gid = uid
+            return
+        raise SandboxError(f"all {count} sandbox user ids from {base} are in use")
+
+    def release(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._f, fcntl.LOCK_UN)
+                self._f.close()
+            self._f = None
+
+
+# --- workspace permissions -----------------------------------------------------------------
+
+
+def _is_protected(rel: str, protected: list[str]) -> bool:
+    return any(rel == p.rstrip("/") or rel.startswith(p.rstrip("/") + "/") for p in protected)
+
+
+def apply_layout(root: Path, protected: list[str], uid: int | None, gid: int | None) -> None:
+    """Make ``protected`` paths unwritable by the agent and the rest writable.
+
+    As root with an agent ``uid``: the workspace folder is ``root:<gid>`` mode ``1770``
+    (only the agent's group may enter; the sticky bit stops it deleting or renaming files
+    it does not own), protected files are ``root:root`` ``0444`` (folders ``0555``),
+    everything else belongs to the agent, ``.cuda_agent`` is ``root:<gid>`` ``0750``.
+    Without root only the modes are set, which the agent could undo (advisory).
+    """
+    root = Path(root)
+    owner = uid is not None and is_root()
+
+    def chown(p: Path, u: int, g: int) -> None:
+        if owner:
+            os.lchown(p, u, g)
+
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            continue
+        if rel == STATE_DIR or rel.startswith(STATE_DIR + "/"):
+            continue
+        if _is_protected(rel, protected):
+            chown(p, 0, 0)
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        else:
+            chown(p, uid or 0, gid or 0)
+            mode = p.stat().st_mode
+            p.chmod((0o770 if p.is_dir() else (0o660 | (mode & 0o110))) if owner else stat.S_IMODE(mode) | stat.S_IWUSR)
+    state = root / STATE_DIR
+    if state.exists():
+        chown(state, 0, gid or 0)
+        state.chmod(0o750 if owner else 0o755)
+        for sub in state.iterdir():
+            if sub.name == "service.sock":
+                sub.chmod(0o666)
+            elif sub.is_dir() and not sub.is_symlink():
+                sub.chmod(0o755)
+    chown(root, 0, gid or 0)
+    root.chmod(0o1770 if owner else 0o755)
+
+
+# --- process handle ----------------------------------------------------------------------
+
+
+class OutputCollector:
+    """Reads a process's stdout to the end, keeping the head and tail when it is huge."""
+
+    def __init__(self, fileobj, limit: int):
+        self.f = fileobj
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        half = self.limit // 2
+        if len(self.head) < half:
+            take = half - len(self.head)
+            self.head += data[:take]
+            data = data[take:]
+        if data:
+            self.tail += data
+            if len(self.tail) > half:
+                cut = len(self.tail) - half
+                self.dropped += cut
+                del self.tail[:cut]
+
+    def text(self) -> str:
+        mid = f"\n[... {self.dropped} bytes of output omitted ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + mid + self.tail).decode("utf-8", "replace")
+
+
+def collect(proc: Any, timeout: float, limit: int, stop: Callable[[], bool] | None = None) -> tuple[str, bool]:
+    """Read ``proc.stdout`` until EOF or ``timeout``; returns (output, timed_out)."""
+    col = OutputCollector(proc.stdout, limit)
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        if stop is not None and stop():
+            break
+        r, _, _ = select.select([fd], [], [], min(left, 0.25))
+        if not r:
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        col.feed(data)
+    return col.text(), timed_out
+
+
+# --- disk watchdog -------------------------------------------------------------------------
+
+
+def tree_size(root: Path, stop_at: int) -> int:
+    total = 0
+    stack = [str(root)]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        else:
+                            total += e.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+                    if total > stop_at:
+                        return total
+        except OSError:
+            continue
+    return total
+
+
+class DiskWatchdog:
+    """Kills the session's processes when the workspace grows past ``limit_mb``."""
+
+    def __init__(self, root: Path, limit_mb: int, on_exceed: Callable[[], None], period: float = 0.5):
+        self.root = root
+        self.limit = limit_mb * 1024 * 1024
+        self.on_exceed = on_exceed
+        self.period = period
+        self.exceeded = False
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, name="disk-watchdog", daemon=True)
+        if limit_mb > 0:
+            self._t.start()
+
+    def check(self) -> bool:
+        if tree_size(self.root, self.limit) > self.limit:
+            if not self.exceeded:
+                self.exceeded = True
+                self.on_exceed()
+            return True
+        self.exceeded = False
+        return False
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            with contextlib.suppress(Exception):
+                self.check()
+
+    def stop(self) -> None:
+        self._stop.set()

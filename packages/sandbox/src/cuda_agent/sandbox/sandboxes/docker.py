@@ -1,0 +1,323 @@
+"""The docker sandbox: one container per session, through the Docker SDK.
+
+The container runs the locally built image (``cuda-agent sandbox build-image``; never
+pulled) with: the workspace bind-mounted at ``/workspace``; protected paths and
+``.cuda_agent`` mounted again on top, read-only (a read-only bind mount cannot be undone
+without capabilities, and a mount point cannot be deleted or renamed); no network
+(``network_mode: none``); memory, CPU and PID limits; a read-only root file system with a
+size-limited tmpfs on /tmp; a file-size ulimit; all capabilities dropped,
+``no-new-privileges``. Commands run as an unprivileged user id (the agent's own when the
+host side is root; the workspace's layout is then the same as in the local sandbox).
+
+``DOCKER_HOST`` selects a remote engine; the workspace must then be visible to it at the
+same path, or at the path given by ``path_map``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cuda_agent.core.interfaces import Sandbox, SandboxSession
+
+from .common import CommandResult, DiskWatchdog, SandboxError, UidLease, apply_layout, collect, is_root
+from .image import DEFAULT_IMAGE, docker_client, image_exists
+
+MOUNT = "/workspace"
+PIDS = "/tmp/.cuda-agent-pids"
+
+
+@dataclass
+class DockerOptions:
+    image: str = DEFAULT_IMAGE
+    memory_mb: int = 4096
+    cpus: float = 2.0
+    pids: int = 256
+    tmp_mb: int = 256
+    file_size_mb: int = 256
+    nofile: int = 1024
+    disk_mb: int = 2048  # workspace size before the session's commands are killed (local engines)
+    max_output_kb: int = 1024
+    uid_base: int = 61000
+    uid_count: int = 4000
+    path_map: dict[str, str] = field(default_factory=dict)  # local prefix -> path on the engine's host
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class _Stdin:
+    """Writes go to the exec's stdin; ``close()`` sends EOF."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        if self.closed:
+            raise ValueError("stdin is closed")
+        self._sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_WR)
+
+
+class DockerProcess:
+    """A command executed in the container: ``stdin``/``stdout`` (stderr merged),
+    ``poll``, ``wait``, ``kill`` (its whole process group)."""
+
+    def __init__(self, session: "DockerSession", argv: list[str], env: dict):
+        self.session = session
+        api = session.client.api
+        self.tag = uuid.uuid4().hex[:12]
+        pidfile = f"{PIDS}/{self.tag}"
+        wrapped = ["setsid", "sh", "-c", f'mkdir -p {PIDS}; echo $$ > {pidfile}; exec "$@"', "sh", *argv]
+        self.exec_id = api.exec_create(session.container.id, wrapped, stdin=True, stdout=True, stderr=True,
+                                       tty=False, environment=env, workdir=MOUNT,
+                                       user=session.user)["Id"]
+        raw = api.exec_start(self.exec_id, socket=True)
+        self._sock: socket.socket = getattr(raw, "_sock", raw)
+        self.stdin = _Stdin(self._sock)
+        rfd, wfd = os.pipe()
+        self.stdout = os.fdopen(rfd, "rb", buffering=0)
+        self._wfd = wfd
+        self._returncode: int | None = None
+        self.pid = None
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _recv_exact(self, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            try:
+                chunk = self._sock.recv(n - len(buf))
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                header = self._recv_exact(8)
+                if header is None:
+                    break
+                _stream, size = struct.unpack(">BxxxL", header)
+                data = self._recv_exact(size) if size else b""
+                if data is None:
+                    break
+                try:
+                    os.write(self._wfd, data)
+                except OSError:
+                    break
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._wfd)
+
+    def poll(self) -> int | None:
+        if self._returncode is not None:
+            return self._returncode
+        try:
+            info = self.session.client.api.exec_inspect(self.exec_id)
+        except Exception:
+            return -9
+        if info.get("Running"):
+            return None
+        self._returncode = info.get("ExitCode")
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() > deadline:
+                import subprocess
+
+                raise subprocess.TimeoutExpired("docker exec", timeout)
+            time.sleep(0.05)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            script = f'p=$(cat {PIDS}/{self.tag} 2>/dev/null) && kill -KILL -- -$p $p 2>/dev/null; true'
+            with contextlib.suppress(Exception):
+                self.session.client.api.exec_start(
+                    self.session.client.api.exec_create(self.session.container.id, ["sh", "-c", script],
+                                                        user=self.session.user)["Id"])
+        self.stdin.close()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._t.join(2)
+        if self._returncode is None:
+            with contextlib.suppress(Exception):
+                self.wait(2)
+        self.session._forget(self)
+
+
+class DockerSession(SandboxSession):
+    def __init__(self, sandbox: "DockerSandbox", workspace: Path, protected: list[str]):
+        self.options: DockerOptions = sandbox.options
+        o = self.options
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise SandboxError(f"workspace {self.workspace} does not exist")
+        self.protected = list(protected)
+        self.client = docker_client()
+        if not image_exists(self.client, o.image):
+            raise SandboxError(f"docker image {o.image} not found: build it with `cuda-agent sandbox build-image`")
+        self._procs: list[DockerProcess] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.lease: UidLease | None = None
+        if is_root():
+            self.lease = UidLease(self.workspace, o.uid_base, o.uid_count,
+                                  Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids")
+            uid, gid = self.lease.uid, self.lease.gid
+            apply_layout(self.workspace, self.protected, uid, gid)
+        else:
+            uid, gid = os.getuid(), os.getgid()
+            apply_layout(self.workspace, self.protected, None, None)
+        self.user = f"{uid}:{gid}"
+        self.container = self._start()
+        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self.kill_all)
+
+    def _host_path(self, p: Path) -> str:
+        s = str(p)
+        for local, remote in self.options.path_map.items():
+            if s == local or s.startswith(local.rstrip("/") + "/"):
+                return remote.rstrip("/") + s[len(local.rstrip("/")):]
+        return s
+
+    def _start(self):
+        import docker
+
+        o = self.options
+        mounts = [docker.types.Mount(MOUNT, self._host_path(self.workspace), type="bind", read_only=False)]
+        for rel in [*self.protected, ".cuda_agent"]:
+            p = self.workspace / rel
+            if p.exists() and not p.is_symlink():
+                mounts.append(docker.types.Mount(f"{MOUNT}/{rel.rstrip('/')}", self._host_path(p), type="bind",
+                                                 read_only=True))
+        ulimits = [docker.types.Ulimit(name="fsize", soft=o.file_size_mb * 1024 * 1024, hard=o.file_size_mb * 1024 * 1024),
+                   docker.types.Ulimit(name="nofile", soft=o.nofile, hard=o.nofile),
+                   docker.types.Ulimit(name="core", soft=0, hard=0)]
+        tmpfs = {"/tmp": f"size={o.tmp_mb}m,mode=1777", "/var/tmp": f"size={o.tmp_mb}m,mode=1777",
+                 "/run": "size=1m,mode=755"}
+        try:
+            return self.client.containers.run(
+                o.image, ["sleep", "infinity"], detach=True, user="0:0", network_mode="none",
+                mem_limit=f"{o.memory_mb}m", memswap_limit=f"{o.memory_mb}m", nano_cpus=int(o.cpus * 1e9),
+                pids_limit=o.pids, read_only=True, tmpfs=tmpfs, mounts=mounts, working_dir=MOUNT,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], ulimits=ulimits, init=True,
+                labels={"cuda-agent.sandbox": "1", "cuda-agent.workspace": str(self.workspace)},
+                environment={"LANG": "C.UTF-8"}, shm_size=f"{o.tmp_mb}m",
+            )
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start the sandbox container: {exc.explanation or exc}") from exc
+
+    def _env(self, env: dict | None) -> dict:
+        out = {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
+               "PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+               "CUDA_AGENT_WORKSPACE": MOUNT, "CUDA_AGENT_SERVICE": f"{MOUNT}/.cuda_agent/service.sock"}
+        out.update(self.options.extra_env)
+        out.update({str(k): str(v) for k, v in (env or {}).items()})
+        return out
+
+    def spawn(self, argv: list[str], env: dict | None = None) -> DockerProcess:
+        if self._closed:
+            raise SandboxError("the sandbox session is closed")
+        proc = DockerProcess(self, list(argv), self._env(env))
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def _forget(self, proc: DockerProcess) -> None:
+        with self._lock:
+            if proc in self._procs:
+                self._procs.remove(proc)
+
+    def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
+        t0 = time.monotonic()
+        proc = self.spawn(["/bin/bash", "--noprofile", "--norc", "-c", command], env=env)
+        proc.stdin.close()
+        output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
+                                    stop=lambda: self.watchdog.exceeded)
+        code = None
+        if timed_out or self.watchdog.exceeded:
+            proc.kill()
+        else:
+            with contextlib.suppress(Exception):
+                code = proc.wait(10)
+            self._forget(proc)
+        msgs = []
+        if timed_out:
+            msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
+        if self.watchdog.exceeded:
+            msgs.append(f"[sandbox] the workspace grew past its disk limit of {self.options.disk_mb} MB; "
+                        "the command was killed: delete large files")
+        if code is not None and code in (128 + 25, -25):
+            msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {self.options.file_size_mb} MB")
+        if code == 137 and not timed_out:
+            msgs.append("[sandbox] killed (out of memory or a resource limit)")
+        if msgs:
+            output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
+        return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
+
+    def kill_all(self) -> None:
+        """Kill every process of the agent user in the container."""
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.kill()
+        with contextlib.suppress(Exception):
+            self.container.exec_run(["sh", "-c", "kill -KILL -1 2>/dev/null; true"], user=self.user)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.watchdog.stop()
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.stdin.close()
+        with contextlib.suppress(Exception):
+            self.container.remove(force=True)
+        if self.lease is not None:
+            self.lease.release()
+
+
+class DockerSandbox(Sandbox):
+    name = "docker"
+    description = "a container per session (local image, no network, read-only protected mounts, limits)"
+    Options = DockerOptions
+
+    def open(self, workspace: Path, protected: list[str] | None = None) -> DockerSession:
+        if protected is None:
+            from .local import _protected_of
+
+            protected = _protected_of(workspace)
+        return DockerSession(self, Path(workspace), protected)

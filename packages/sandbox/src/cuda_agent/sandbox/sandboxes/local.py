@@ -1,0 +1,323 @@
+"""The local sandbox (default): the agent's commands run as subprocesses of this host.
+
+What holds where (Linux):
+
+* always: own process group/session, killed as a whole on timeout or close; rlimits on
+  CPU time, address space, file size and open files; a clean environment (no host
+  variables leak in); a disk watchdog that kills the session when the workspace grows
+  past ``disk_mb``.
+* as root (``isolation: auto`` or ``user``): each session runs under its own unprivileged
+  user id (RLIMIT_NPROC then bounds a fork bomb), in new mount, PID and network
+  namespaces (``unshare``): no network (only a down loopback), private size-limited
+  tmpfs on /tmp, /var/tmp and /dev/shm, closed folders on the way to the workspace and the
+  Python installation (e.g. /root) replaced by empty ones exposing only those paths,
+  ``no_new_privs``. Protected files are ``root``-owned and read-only; the workspace folder
+  is sticky and closed to other users, so other workspaces cannot be read.
+* not root: limits, process group and watchdog only; if unprivileged user namespaces
+  are allowed the network is cut too. Protected files are only chmod-ed read-only, which
+  the agent could undo: use the docker sandbox for real isolation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cuda_agent.core.interfaces import Sandbox, SandboxSession
+
+from .common import CommandResult, DiskWatchdog, SandboxError, UidLease, apply_layout, collect, is_root
+
+LAUNCHER = Path(__file__).with_name("_launch.py")
+MB = 1024 * 1024
+
+
+@dataclass
+class LocalOptions:
+    isolation: str = "auto"  # auto | user (root: own uid + namespaces) | none (limits only)
+    network: bool = False
+    cpu_s: int = 600  # CPU seconds per process
+    memory_mb: int = 8192  # address space per process
+    file_size_mb: int = 256  # largest file a process may write
+    nproc: int = 256  # processes of the agent user (isolation: user)
+    nofile: int = 1024
+    tmp_mb: int = 256  # private /tmp, /var/tmp, /dev/shm
+    disk_mb: int = 2048  # workspace size before the session is killed; 0 = unwatched
+    max_output_kb: int = 1024  # output kept per command (head and tail)
+    uid_base: int = 61000
+    uid_count: int = 4000
+    expose: list[str] = field(default_factory=list)  # extra read-only paths to keep visible
+    path: str = ""  # PATH inside; default: this Python's bin folder, then the system's
+
+
+class SandboxProcess:
+    """A process in the sandbox: ``stdin``/``stdout`` pipes (stderr merged), ``poll``,
+    ``wait``, ``kill`` (kills everything it started)."""
+
+    def __init__(self, popen: subprocess.Popen, session: "LocalSession"):
+        self._p = popen
+        self._session = session
+        self.stdin = popen.stdin
+        self.stdout = popen.stdout
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self._p.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._p.wait(timeout)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.returncode
+
+    def kill(self) -> None:
+        # unshare --kill-child: killing unshare kills PID 1 of the namespace and with it
+        # every process inside; the process group covers the no-namespace case
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self._p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._p.wait(5)
+        self._session._forget(self)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+@dataclass
+class _Plan:
+    prefix: list[str]
+    config: dict
+    uid: int | None
+
+
+class LocalSession(SandboxSession):
+    def __init__(self, sandbox: "LocalSandbox", workspace: Path, protected: list[str]):
+        self.sandbox = sandbox
+        self.options: LocalOptions = sandbox.options
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise SandboxError(f"workspace {self.workspace} does not exist")
+        self.protected = list(protected)
+        self.notes: list[str] = []
+        self._procs: list[SandboxProcess] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.lease: UidLease | None = None
+        o = self.options
+        if o.isolation not in ("auto", "user", "none"):
+            raise SandboxError(f"local sandbox: isolation must be auto, user or none, not {o.isolation!r}")
+        self.mode = "none"
+        if o.isolation in ("auto", "user"):
+            if is_root() and shutil.which("unshare"):
+                self.mode = "user"
+            elif o.isolation == "user":
+                raise SandboxError("local sandbox: isolation 'user' needs root and unshare(1)")
+            else:
+                _warn_once("local sandbox: not root, so no separate user, namespaces or protected "
+                           "files beyond chmod; use the docker sandbox for isolation")
+        if self.mode == "user":
+            lock_dir = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids"
+            self.lease = UidLease(self.workspace, o.uid_base, o.uid_count, lock_dir)
+            apply_layout(self.workspace, self.protected, self.lease.uid, self.lease.gid)
+        else:
+            apply_layout(self.workspace, self.protected, None, None)
+        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self._disk_exceeded)
+        self._net_prefix = self._probe_network()
+
+    # -- setup --------------------------------------------------------------------
+
+    def _probe_network(self) -> list[str]:
+        if self.options.network or self.mode == "user":
+            return []
+        if shutil.which("unshare"):
+            probe = subprocess.run(["unshare", "--user", "--map-current-user", "--net", "true"],
+                                   capture_output=True)
+            if probe.returncode == 0:
+                return ["unshare", "--user", "--map-current-user", "--net", "--"]
+        _warn_once("local sandbox: cannot create a network namespace here; commands keep network access")
+        return []
+
+    def _path(self) -> str:
+        if self.options.path:
+            return self.options.path
+        bin_dir = str(Path(sys.executable).parent)
+        return f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def _env(self, env: dict | None) -> dict:
+        out = {
+            "PATH": self._path(),
+            "HOME": "/tmp" if self.mode == "user" else str(self.workspace / ".cuda_agent" / "tmp"),
+            "TMPDIR": "/tmp" if self.mode == "user" else str(self.workspace / ".cuda_agent" / "tmp"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "CUDA_AGENT_WORKSPACE": str(self.workspace),
+            "CUDA_AGENT_SERVICE": str(self.workspace / ".cuda_agent" / "service.sock"),
+        }
+        for key in ("CUDA_VISIBLE_DEVICES", "CUDA_HOME"):
+            if key in os.environ:
+                out[key] = os.environ[key]
+        out.update({str(k): str(v) for k, v in (env or {}).items()})
+        return out
+
+    def _expose(self) -> list[tuple[str, bool]]:
+        paths = [(str(self.workspace), True)]
+        seen = set()
+        for p in [sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent),
+                  *self.options.expose]:
+            rp = str(Path(p).resolve())
+            if rp not in seen and rp != "/":
+                seen.add(rp)
+                paths.append((rp, False))
+        return paths
+
+    def _plan(self, env: dict | None) -> _Plan:
+        o = self.options
+        rl = {"RLIMIT_CPU": o.cpu_s, "RLIMIT_AS": o.memory_mb * MB, "RLIMIT_FSIZE": o.file_size_mb * MB,
+              "RLIMIT_NOFILE": o.nofile, "RLIMIT_CORE": 0}
+        cfg = {"cwd": str(self.workspace), "env": self._env(env), "rlimits": rl, "mount": False}
+        if self.mode == "user":
+            assert self.lease is not None
+            rl["RLIMIT_NPROC"] = o.nproc
+            cfg.update(uid=self.lease.uid, gid=self.lease.gid, mount=True, expose=self._expose(),
+                       scratch=[["/tmp", o.tmp_mb], ["/var/tmp", o.tmp_mb], ["/dev/shm", o.tmp_mb]])
+            flags = ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+            if not o.network:
+                flags.append("--net")
+            prefix = ["unshare", *flags, "--", sys.executable, "-I", "-S", str(LAUNCHER)]
+            return _Plan(prefix, cfg, self.lease.uid)
+        prefix = [*self._net_prefix, sys.executable, "-I", "-S", str(LAUNCHER)]
+        return _Plan(prefix, cfg, None)
+
+    # -- processes ----------------------------------------------------------------------
+
+    def spawn(self, argv: list[str], env: dict | None = None) -> SandboxProcess:
+        if self._closed:
+            raise SandboxError("the sandbox session is closed")
+        plan = self._plan(env)
+        full = [*plan.prefix, json.dumps(plan.config), "--", *argv]
+        p = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             cwd=str(self.workspace), env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                             start_new_session=True)
+        proc = SandboxProcess(p, self)
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def _forget(self, proc: SandboxProcess) -> None:
+        with self._lock:
+            if proc in self._procs:
+                self._procs.remove(proc)
+
+    def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
+        t0 = time.monotonic()
+        proc = self.spawn(["/bin/bash", "--noprofile", "--norc", "-c", command], env=env)
+        proc.stdin.close()
+        output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
+                                    stop=lambda: self.watchdog.exceeded)
+        if timed_out or self.watchdog.exceeded:
+            proc.kill()
+            code = None
+        else:
+            try:
+                code = proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = None
+        self._forget(proc)
+        notes = self.explain(code, timed_out, timeout)
+        if notes:
+            output = (output.rstrip("\n") + "\n" if output else "") + notes
+        return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
+
+    def explain(self, code: int | None, timed_out: bool, timeout: float) -> str:
+        o = self.options
+        msgs = []
+        if timed_out:
+            msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
+        if self.watchdog.exceeded:
+            msgs.append(f"[sandbox] the workspace grew past its disk limit of {o.disk_mb} MB; "
+                        "the command was killed: delete large files")
+        if code is not None:
+            sig = -code if code < 0 else (code - 128 if code > 128 else 0)
+            if sig == signal.SIGXFSZ:
+                msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {o.file_size_mb} MB")
+            elif sig == signal.SIGXCPU:
+                msgs.append(f"[sandbox] CPU time limit of {o.cpu_s} s exceeded")
+            elif sig == signal.SIGKILL and not timed_out:
+                msgs.append("[sandbox] killed (out of memory or a resource limit)")
+        return "\n".join(msgs)
+
+    def _disk_exceeded(self) -> None:
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            p.kill()
+        if self.lease is not None:
+            _kill_uid(self.lease.uid)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.watchdog.stop()
+        self.kill_all()
+        if self.lease is not None:
+            self.lease.release()
+
+
+def _kill_uid(uid: int) -> None:
+    """Kill any process left running as the agent's user id (belt and braces)."""
+    if not is_root():
+        return
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+class LocalSandbox(Sandbox):
+    name = "local"
+    description = "subprocesses with rlimits; as root: own uid, no network, private /tmp (namespaces)"
+    Options = LocalOptions
+
+    def open(self, workspace: Path, protected: list[str] | None = None) -> LocalSession:
+        if protected is None:
+            protected = _protected_of(workspace)
+        return LocalSession(self, Path(workspace), protected)
+
+
+def _protected_of(workspace: Path) -> list[str]:
+    meta = Path(workspace) / ".cuda_agent" / "workspace.json"
+    try:
+        return list(json.loads(meta.read_text()).get("protected", []))
+    except (OSError, ValueError):
+        return []
