@@ -1,0 +1,378 @@
+"""Eager and ``torch.compile`` baselines, measured once and cached on disk.
+
+The paper's scripts recompiled the reference under ``torch.compile`` on every profile call
+(20-30 s per reward). Here a baseline is measured once per
+
+    (hash of the model code and its init inputs, GPU model, torch version,
+     precision policy, profiler and its options)
+
+and stored as a small JSON file in the cache folder; every later profile of any candidate
+for the same task reads it back. ``BaselineCache.measured`` counts real measurements (a
+test asserts a second call does not measure).
+
+:func:`measure_many` measures a list of tasks in one process (``cuda-agent baselines``):
+inputs are drawn on the device, the compiled graphs reuse inductor's parallel compile
+workers, and finished tasks are skipped when the run is resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from cuda_agent.core.errors import CudaAgentError
+from cuda_agent.core.types import Timing
+
+from .inputs import describe, draw_inputs, nbytes
+from .precision import policy_from, precision_context
+
+CACHE_ENV = "CUDA_AGENT_BASELINE_CACHE"
+
+
+class BaselineError(CudaAgentError):
+    """A baseline could not be measured (the reference fails to build or run)."""
+
+
+@dataclass
+class BaselineOptions:
+    profiler: str = ""  # "" = cuda_events on CUDA, wallclock on the CPU
+    profiler_options: dict = field(default_factory=dict)
+    precision: str = "fp32-strict"
+    compile: bool = True
+    compile_mode: str = "default"
+    num_input_sets: int = 0  # 0 = as many as fit a memory budget, at most 4
+    seed: int = 0
+    cache_dir: str = ""  # "" = $CUDA_AGENT_BASELINE_CACHE or ~/.cache/cuda-agent/baselines
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cuda-agent" / "baselines"
+
+
+def default_profiler(device: Any) -> str:
+    return "wallclock" if str(device).startswith("cpu") else "cuda_events"
+
+
+def timing_from(d: dict | None) -> Timing | None:
+    if not d:
+        return None
+    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms") if k in d})
+
+
+class BaselineCache:
+    """A folder of JSON records, one per baseline key; safe for concurrent writers."""
+
+    def __init__(self, directory: str | Path | None = None):
+        self.dir = Path(directory) if directory else default_cache_dir()
+        self.hits = 0
+        self.misses = 0
+        self.measured = 0  # real measurements done through this cache object
+        self._mem: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(fields: dict) -> str:
+        blob = json.dumps(fields, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:32]
+
+    def path(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            rec = self._mem.get(key)
+            if rec is None:
+                p = self.path(key)
+                if p.is_file():
+                    try:
+                        rec = json.loads(p.read_text())
+                    except (OSError, ValueError):
+                        rec = None
+                if rec is not None:
+                    self._mem[key] = rec
+            if rec is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return rec
+
+    def put(self, key: str, record: dict) -> None:
+        p = self.path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        os.replace(tmp, p)
+        with self._lock:
+            self._mem[key] = record
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.dir.glob("*/*.json")) if self.dir.is_dir() else 0
+
+
+_default_caches: dict[str, BaselineCache] = {}
+
+
+def cache_for(directory: str | Path | None) -> BaselineCache:
+    """One BaselineCache object per folder and process (shares the in-memory layer)."""
+    d = str(Path(directory) if directory else default_cache_dir())
+    if d not in _default_caches:
+        _default_caches[d] = BaselineCache(d)
+    return _default_caches[d]
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+def gpu_name(device: Any) -> str:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    import platform
+
+    return f"cpu:{platform.machine()}:{os.cpu_count()}"
+
+
+def key_fields(model_code: str, init_spec: Any, device: Any, precision: str, profiler: str, profiler_options: dict,
+               compile_mode: str = "default", num_input_sets: int = 0, seed: int = 0) -> dict:
+    import torch
+
+    return {
+        "code": hashlib.sha256(model_code.encode()).hexdigest(),
+        "init": init_spec,
+        "gpu": gpu_name(device),
+        "torch": torch.__version__,
+        "precision": policy_from(precision).key,
+        "profiler": profiler,
+        "profiler_options": profiler_options,
+        "compile_mode": compile_mode,
+        "input_sets": num_input_sets,
+        "seed": seed,
+    }
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def auto_input_sets(one_set_bytes: int, device: Any, wanted: int = 0) -> int:
+    """How many input sets to rotate through: ``wanted``, or as many as fit a budget (1..4)."""
+    if wanted > 0:
+        return wanted
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        budget = free // 4
+    else:
+        budget = 512 << 20
+    if one_set_bytes <= 0:
+        return 4
+    return int(max(1, min(4, budget // one_set_bytes)))
+
+
+def rotation_sets(get_inputs: Callable, device: Any, seed: int, wanted: int = 0) -> list[list]:
+    """Input sets to rotate through while timing, each drawn with its own seed."""
+    first = draw_inputs(get_inputs, seed + 7, device).values
+    k = auto_input_sets(nbytes(first), device, wanted)
+    return [first] + [draw_inputs(get_inputs, seed + 7 * (i + 2), device).values for i in range(k - 1)]
+
+
+def time_model(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None) -> Timing:
+    import torch
+
+    def fn(*args):
+        return model(*args)
+
+    with torch.no_grad():
+        return profiler.time(fn, input_sets, device, prepare) if prepare else profiler.time(fn, input_sets, device)
+
+
+def compile_model(model: Any, mode: str = "default") -> Any:
+    import torch
+
+    if mode in ("", "default", None):
+        return torch.compile(model)
+    return torch.compile(model, mode=mode)
+
+
+def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_compile: bool = True,
+                  compile_mode: str = "default") -> tuple[Timing, Timing | None, dict]:
+    """Eager and compiled timings of an already built reference model."""
+    import torch
+
+    info: dict[str, Any] = {}
+    eager = time_model(model, input_sets, device, profiler)
+    comp = None
+    if do_compile:
+        t0 = time.perf_counter()
+        try:
+            cm = compile_model(model, compile_mode)
+            with torch.no_grad():
+                for args in input_sets[:2]:
+                    cm(*args)  # compile (and recompile for a second input set, if guards ask)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            info["compile_seconds"] = round(time.perf_counter() - t0, 2)
+            comp = time_model(cm, input_sets, device, profiler)
+        except Exception as exc:  # the task fails under torch.compile: no compile baseline
+            info["compile_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+    return eager, comp, info
+
+
+def _load_code(model_code: str, cache_dir: Path) -> Any:
+    from .verify import load_module
+
+    src_dir = cache_dir / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    path = src_dir / f"{hashlib.sha256(model_code.encode()).hexdigest()[:20]}.py"
+    if not path.exists():
+        path.write_text(model_code)
+    return load_module(path, "_cuda_agent_baseline")
+
+
+def build_reference(ref_mod: Any, device: Any, seed: int) -> tuple[Any, list]:
+    import torch
+
+    from .inputs import seed_everything
+
+    seed_everything(seed)
+    init = ref_mod.get_init_inputs()
+    init = list(init) if isinstance(init, (list, tuple)) else [init]
+    with torch.device(torch.device(device)):
+        model = ref_mod.Model(*init)
+    return model.to(torch.device(device)), init
+
+
+def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
+                      cache: BaselineCache | None = None, model: Any = None, input_sets: list | None = None,
+                      init_inputs: Any = None) -> tuple[Timing, Timing | None]:
+    """(eager, compile) timings of a task's reference, from the cache when measured before.
+
+    ``model``/``input_sets``/``init_inputs`` may be passed by a caller that has them already
+    (``profile_workspace``); otherwise the code is imported and the model built here.
+    """
+    eager, comp, _ = measure_baselines_record(model_code, device, options, cache, model, input_sets, init_inputs)
+    return eager, comp
+
+
+def measure_baselines_record(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
+                             cache: BaselineCache | None = None, model: Any = None, input_sets: list | None = None,
+                             init_inputs: Any = None) -> tuple[Timing, Timing | None, dict]:
+    """Like :func:`measure_baselines`, also returning the cache record (with ``cached``)."""
+    import torch
+
+    from .profilers import get_profiler
+
+    o = options or BaselineOptions()
+    cache = cache or cache_for(o.cache_dir or None)
+    prof_name = o.profiler or default_profiler(device)
+    ref_mod = None
+    if init_inputs is None:
+        ref_mod = _load_code(model_code, cache.dir)
+        init = ref_mod.get_init_inputs()
+        init_inputs = list(init) if isinstance(init, (list, tuple)) else [init]
+    fields = key_fields(model_code, describe(init_inputs), device, o.precision, prof_name, o.profiler_options,
+                        o.compile_mode, o.num_input_sets, o.seed)
+    key = BaselineCache.key(fields)
+    rec = cache.get(key)
+    if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
+        rec = dict(rec, cached=True)
+        return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
+    profiler = get_profiler(prof_name, o.profiler_options)
+    t0 = time.perf_counter()
+    with precision_context(o.precision) as flags, torch.no_grad():
+        if model is None:
+            if ref_mod is None:
+                ref_mod = _load_code(model_code, cache.dir)
+            try:
+                model, _ = build_reference(ref_mod, device, o.seed)
+            except Exception as exc:
+                raise BaselineError(f"reference Model failed to build: {type(exc).__name__}: {exc}") from exc
+        if input_sets is None:
+            if ref_mod is None:
+                ref_mod = _load_code(model_code, cache.dir)
+            input_sets = rotation_sets(ref_mod.get_inputs, device, o.seed, o.num_input_sets)
+        try:
+            eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode)
+        except Exception as exc:
+            raise BaselineError(f"reference Model failed to run: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}") from exc
+    cache.measured += 1
+    rec = {
+        "key": key,
+        "fields": fields,
+        "eager": asdict(eager),
+        "compile": asdict(comp) if comp else None,
+        "precision_flags": flags,
+        "input_sets": len(input_sets),
+        "inputs": describe(input_sets[0]),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.perf_counter() - t0, 2),
+        **info,
+    }
+    cache.put(key, rec)
+    return eager, comp, dict(rec, cached=False)
+
+
+def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOptions | None = None,
+                 cache: BaselineCache | None = None, progress: bool = True,
+                 on_result: Callable[[Any, dict], None] | None = None) -> list[dict]:
+    """Baselines of many tasks (``Task`` objects or model-code strings) in this process.
+
+    Tasks already in the cache cost nothing, so an interrupted run resumes where it stopped.
+    Returns one summary per task: ``{"task", "eager_ms", "compile_ms", "cached", "error"}``.
+    """
+    o = options or BaselineOptions()
+    cache = cache or cache_for(o.cache_dir or None)
+    items = list(tasks)
+    out = []
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(items, desc=f"baselines on {device}", unit="task", disable=not progress)
+    except ImportError:  # pragma: no cover
+        bar = items
+    for t in bar:
+        code = t if isinstance(t, str) else t.code
+        tid = getattr(t, "id", None) or hashlib.sha256(code.encode()).hexdigest()[:12]
+        row: dict[str, Any] = {"task": tid}
+        try:
+            eager, comp, rec = measure_baselines_record(code, device, o, cache)
+            row.update(eager_ms=eager.median_ms, compile_ms=comp.median_ms if comp else None,
+                       cached=rec.get("cached", False), compile_error=rec.get("compile_error"))
+        except Exception as exc:  # one broken task must not stop the run
+            row.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        finally:
+            _free(device)
+        out.append(row)
+        if on_result:
+            on_result(t, row)
+    return out
+
+
+def _free(device: Any) -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    except Exception:
+        pass

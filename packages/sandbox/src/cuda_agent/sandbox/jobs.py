@@ -1,0 +1,286 @@
+"""Job functions run inside an executor worker: verify and profile a candidate.
+
+* :func:`verify_workspace` -- static checks, then ``ModelNew`` against ``Model`` on fresh
+  inputs with the run-time guard on (see :mod:`.verify`).
+* :func:`profile_workspace` -- eager and ``torch.compile`` baselines from the
+  :class:`~.baselines.BaselineCache` (measured once per task, GPU, torch version, precision
+  policy and profiler), then the candidate timed with the chosen profiler plugin; a closing
+  spot check compares the candidate's output on changed inputs with the reference, so a
+  candidate that caches results fails.
+* :func:`verify_file` / :func:`profile_file` -- the same for a KernelBench single-file
+  solution (a module defining ``ModelNew`` that builds its own CUDA with ``load_inline``):
+  the candidate module is a parameter.
+
+Devices: ``"cuda"``/``"cuda:N"``, or ``"cpu"`` (wall-clock profiler, ``torch.compile`` on the
+CPU for the compile baseline; TF32 flags are irrelevant there).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.core.types import FailureCategory, ProfileResult, VerifyResult
+
+from .baselines import (
+    BaselineOptions,
+    auto_input_sets,
+    cache_for,
+    default_profiler,
+    measure_baselines_record,
+)
+from .guard import GuardOptions
+from .inputs import describe, draw_inputs, nbytes, perturb_
+from .precision import TF32, policy_from, precision_context
+from .verify import (
+    LoadFailure,
+    VerifyOptions,
+    _device_info,
+    _short_exc,
+    build_models,
+    compare_outputs,
+    fresh_seed,
+    load_candidate,
+    load_reference,
+    synchronize,
+    verify_candidate,
+    workspace_imports,
+)
+
+__all__ = [
+    "GuardOptions",
+    "ProfileOptions",
+    "VerifyOptions",
+    "measure_baselines",
+    "profile_file",
+    "profile_workspace",
+    "verify_file",
+    "verify_workspace",
+]
+
+
+@dataclass
+class ProfileOptions:
+    """Options of profiling (a run config's ``profile_options`` map onto these)."""
+
+    profiler: str = ""  # "" = cuda_events on CUDA, wallclock on the CPU; also torch_profiler, nsight_compute
+    profiler_options: dict = field(default_factory=dict)
+    precision: str = "fp32-strict"  # applies to the baselines and the candidate alike
+    baselines: bool = True
+    compile_baseline: bool = True
+    compile_mode: str = "default"
+    report_tf32_baselines: bool = False  # also report speedups against TF32-enabled baselines
+    baseline_cache_dir: str = ""  # "" = $CUDA_AGENT_BASELINE_CACHE or ~/.cache/cuda-agent/baselines
+    baseline_seed: int = 0
+    num_input_sets: int = 0  # 0 = as many as fit a memory budget (1..4)
+    seed: int | None = None  # candidate's input sets; None = fresh each call
+    perturb_inputs: bool = True  # change inputs in place between timed calls (untimed)
+    spot_check: bool = True
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    candidate: str = "model_new.py"
+    reference: str = "model.py"
+    ncu_options: dict = field(default_factory=dict)  # with profiler nsight_compute
+
+
+def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None) -> VerifyResult:
+    """Verify ``<workspace>/model_new.py`` against ``<workspace>/model.py`` on ``device``."""
+    return verify_candidate(workspace, device, _verify_opts(options))
+
+
+def verify_file(candidate: str, reference: str, device: str, options: VerifyOptions | None = None) -> VerifyResult:
+    """Verify a single-file solution (``candidate`` defines ModelNew) against ``reference``."""
+    cand = Path(candidate).resolve()
+    return verify_candidate(cand.parent, device, _verify_opts(options), candidate=cand, reference=Path(reference).resolve())
+
+
+def _verify_opts(options: Any) -> VerifyOptions:
+    if options is None:
+        return VerifyOptions()
+    if isinstance(options, dict):
+        return VerifyOptions(**options)
+    return options
+
+
+def _profile_opts(options: Any) -> ProfileOptions:
+    if options is None:
+        return ProfileOptions()
+    if isinstance(options, dict):
+        return ProfileOptions(**options)
+    return options
+
+
+def measure_baselines(model_code: str, device: str = "cuda", options: Any = None) -> tuple:
+    """(eager Timing, compile Timing) of a task's reference, cached (see :mod:`.baselines`).
+
+    ``options`` may be :class:`ProfileOptions`, :class:`~.baselines.BaselineOptions` or a mapping
+    of either's fields."""
+    from .baselines import measure_baselines as _measure
+
+    return _measure(model_code, device, _baseline_opts(options, device))
+
+
+def _baseline_opts(options: Any, device: str, precision: str | None = None) -> BaselineOptions:
+    if isinstance(options, BaselineOptions):
+        return options
+    if isinstance(options, dict):
+        names = set(BaselineOptions.__dataclass_fields__)
+        if set(options) <= names:
+            return BaselineOptions(**options)
+        options = ProfileOptions(**options)
+    o = options or ProfileOptions()
+    prof = o.profiler or default_profiler(device)
+    if prof == "nsight_compute":
+        prof = "cuda_events"
+    return BaselineOptions(
+        profiler=prof,
+        profiler_options=dict(o.profiler_options) if prof == (o.profiler or default_profiler(device)) else {},
+        precision=precision or o.precision,
+        compile=o.compile_baseline,
+        compile_mode=o.compile_mode,
+        num_input_sets=o.num_input_sets,
+        seed=o.baseline_seed,
+        cache_dir=o.baseline_cache_dir,
+    )
+
+
+def profile_workspace(workspace: str, device: str, options: ProfileOptions | None = None) -> ProfileResult:
+    """Time ``<workspace>/model_new.py`` with baselines from the cache."""
+    return profile_candidate(workspace, device, _profile_opts(options))
+
+
+def profile_file(candidate: str, reference: str, device: str, options: ProfileOptions | None = None) -> ProfileResult:
+    """Time a single-file solution (``candidate`` defines ModelNew) against ``reference``."""
+    cand = Path(candidate).resolve()
+    return profile_candidate(cand.parent, device, _profile_opts(options), candidate=cand, reference=Path(reference).resolve())
+
+
+def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, candidate: str | Path | None = None,
+                      reference: str | Path | None = None) -> ProfileResult:
+    import torch
+
+    from .profilers import get_profiler
+
+    t0 = time.perf_counter()
+    ws = Path(workspace)
+    cand_path = Path(candidate or o.candidate)
+    cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
+    ref_path = Path(reference or o.reference)
+    ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    policy = policy_from(o.precision)
+    prof_name = o.profiler or default_profiler(device)
+    timing_name = "cuda_events" if prof_name == "nsight_compute" else prof_name
+    seed = o.seed if o.seed is not None else fresh_seed()
+    meta: dict[str, Any] = {"precision_policy": policy.key, "profiler": prof_name, "seed": seed}
+    meta.update(_device_info(device))
+
+    def fail(category: FailureCategory, message: str, **kw) -> ProfileResult:
+        return ProfileResult(ok=False, failure=category, message=message, seconds=time.perf_counter() - t0, metadata=meta, **kw)
+
+    try:
+        profiler = get_profiler(timing_name, o.profiler_options if timing_name == prof_name else {})
+    except Exception as exc:
+        return fail(FailureCategory.CRASH, f"profiler {prof_name!r} unavailable: {exc}")
+    model_code = ref_path.read_text() if ref_path.is_file() else ""
+    eager = comp = None
+    with workspace_imports(ws), torch.no_grad():
+        try:
+            ref_mod = load_reference(ref_path)
+            cand_mod, _ns = load_candidate(cand_path)
+            loaded = build_models(ref_mod, cand_mod, device, o.baseline_seed, True, cand_path.name)
+        except LoadFailure as exc:
+            return fail(exc.category, exc.message)
+        meta["init_inputs"] = describe(loaded.init_inputs)
+
+        # baselines (cached)
+        if o.baselines:
+            try:
+                bopts = _baseline_opts(o, device)
+                cache = cache_for(bopts.cache_dir or None)
+                eager, comp, rec = measure_baselines_record(model_code, device, bopts, cache, model=loaded.ref_model,
+                                                           init_inputs=loaded.init_inputs)
+                meta["baseline_cache"] = "hit" if rec.get("cached") else "miss"
+                meta["baseline_key"] = rec.get("key")
+                if rec.get("compile_error"):
+                    meta["compile_error"] = rec["compile_error"]
+                if o.report_tf32_baselines and torch.device(device).type == "cuda":
+                    te, tc, trec = measure_baselines_record(model_code, device, _baseline_opts(o, device, TF32.key), cache,
+                                                           model=loaded.ref_model, init_inputs=loaded.init_inputs)
+                    meta["tf32_baselines"] = {"eager_ms": te.median_ms, "compile_ms": tc.median_ms if tc else None,
+                                              "cache": "hit" if trec.get("cached") else "miss"}
+            except Exception as exc:
+                return fail(FailureCategory.CRASH, f"baseline measurement failed: {_short_exc(exc)}")
+
+        # candidate
+        with precision_context(policy) as flags:
+            meta["precision_flags"] = flags
+            try:
+                first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
+                k = auto_input_sets(nbytes(first), device, o.num_input_sets)
+                sets = [first] + [draw_inputs(ref_mod.get_inputs, seed + 7 * (i + 2), device).values for i in range(k - 1)]
+            except Exception as exc:
+                return fail(FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+            meta["inputs"] = describe(first)
+            meta["input_sets"] = k
+            cand_model = loaded.cand_model
+
+            def run(*args):
+                return cand_model(*args)
+
+            prepare = (lambda step, args: perturb_(args, step // k)) if o.perturb_inputs else None
+            try:
+                cand_timing = profiler.time(run, sets, device, prepare) if prepare else profiler.time(run, sets, device)
+            except Exception as exc:
+                return fail(_category(exc), f"ModelNew failed while being timed: {_short_exc(exc, files=(cand_path.name,))}",
+                            eager=eager, compile=comp)
+            if o.spot_check:
+                try:
+                    args = sets[0]
+                    if prepare is not None:
+                        perturb_(args, 10**6 + 1)  # a state no timed call saw
+                    ref_out = loaded.ref_model(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+                    out = cand_model(*args)
+                    synchronize(device)
+                    cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output")
+                except Exception as exc:
+                    return fail(_category(exc), f"spot check after timing failed: {_short_exc(exc)}", eager=eager, compile=comp,
+                                candidate=cand_timing)
+                meta["spot_check"] = "passed" if cmp.ok else "failed"
+                if not cmp.ok:
+                    return fail(FailureCategory.WRONG_RESULT,
+                                f"wrong result on inputs changed between timed calls (results cached?): {cmp.message}",
+                                eager=eager, compile=comp, candidate=cand_timing)
+    res = ProfileResult(ok=True, candidate=cand_timing, eager=eager, compile=comp, seconds=0.0, metadata=meta)
+    if "tf32_baselines" in meta and cand_timing.median_ms > 0:
+        tb = meta["tf32_baselines"]
+        tb["speedup_vs_eager"] = tb["eager_ms"] / cand_timing.median_ms
+        tb["speedup_vs_compile"] = tb["compile_ms"] / cand_timing.median_ms if tb.get("compile_ms") else None
+    if prof_name == "nsight_compute":
+        try:
+            from .profilers.nsight_compute import NsightComputeProfiler, analyze
+
+            meta["ncu"] = analyze(ws, device, str(cand_path), str(ref_path), seed, NsightComputeProfiler.Options(**o.ncu_options))
+        except Exception as exc:
+            meta["ncu_error"] = str(exc)[:500]
+    res.message = _summary(res)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _category(exc: BaseException) -> FailureCategory:
+    from .guard import ForbiddenOpError
+
+    if isinstance(exc, ForbiddenOpError):
+        return FailureCategory.FORBIDDEN_OP
+    return FailureCategory.CRASH
+
+
+def _summary(r: ProfileResult) -> str:
+    parts = [f"candidate {r.candidate.median_ms:.4g} ms (±{100 * r.candidate.spread:.1f}%)"]
+    if r.eager:
+        parts.append(f"eager {r.eager.median_ms:.4g} ms ({r.speedup_vs_eager():.2f}x)")
+    if r.compile:
+        parts.append(f"torch.compile {r.compile.median_ms:.4g} ms ({r.speedup_vs_compile():.2f}x)")
+    return ", ".join(parts)

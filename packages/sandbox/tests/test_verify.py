@@ -1,0 +1,224 @@
+"""Verification on the CPU backend with real g++-built kernels."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.types import FailureCategory  # noqa: E402
+from cuda_agent.sandbox.guard import ForbiddenOpError, GuardOptions, forward_guard  # noqa: E402
+from cuda_agent.sandbox.inputs import draw_inputs  # noqa: E402
+from cuda_agent.sandbox.jobs import VerifyOptions, verify_file, verify_workspace  # noqa: E402
+from cuda_agent.sandbox.verify import compare_outputs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_verify_support import LINEAR_NEW, LINEAR_TASK, make_workspace, relu_new  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def relu_ws(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("relu"))
+
+
+@pytest.fixture(scope="module")
+def linear_ws(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("linear"), task_code=LINEAR_TASK, model_new=LINEAR_NEW.replace("{name}", "fc"))
+
+
+def run(ws, model_new: str | None = None, **opts):
+    if model_new is not None:
+        p = Path(ws.root) / "model_new.py"
+        p.write_text(model_new)
+    opts.setdefault("seed", 3)
+    return verify_workspace(str(ws.root), "cpu", VerifyOptions(**opts))
+
+
+def test_correct_candidate_passes_and_records_metadata(relu_ws):
+    r = run(relu_ws, relu_new("relu"))
+    assert r.ok, r.message
+    assert r.failure is FailureCategory.NONE
+    runs = [c for c in r.checks if c.name.startswith("input[")]
+    assert len(runs) == 5 and all(c.passed for c in runs)
+    assert len({c.name for c in runs}) == 5  # five different seeds
+    assert r.metadata["inputs"] == [{"shape": [64, 33], "dtype": "float32"}]
+    assert r.metadata["outputs"] == {"shape": [64, 33], "dtype": "float32"}
+    assert r.metadata["precision_policy"] == "fp32-strict"
+    assert "precision_flags" in r.metadata
+    json.dumps(r.metadata)  # JSON-ready
+
+
+def test_wrong_values_fail(relu_ws):
+    r = run(relu_ws, relu_new("relu_off"))
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT
+    assert "index" in r.message and "atol=0.01" in r.message
+
+
+def test_tolerance_is_configurable(relu_ws):
+    r = run(relu_ws, relu_new("relu_off"), atol=1.0, rtol=0.0)
+    assert r.ok, r.message
+
+
+def test_nan_where_reference_has_none_fails(relu_ws):
+    r = run(relu_ws, relu_new("relu_nan"))
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT
+    assert "NaN" in r.message
+
+
+def test_unwritten_output_shows_as_nan(relu_ws):
+    r = run(relu_ws, relu_new("relu_half"))
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT
+    assert "got nan" in r.message
+
+
+def test_output_structure_mismatch_fails(relu_ws):
+    r = run(relu_ws, relu_new("relu", "(y,)"))
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT
+    assert "expected a tensor" in r.message
+
+
+@pytest.mark.parametrize(
+    "ret,op,rule",
+    [
+        ("y.relu()", "torch.Tensor.relu", "runtime.tensor-method"),
+        ("torch.nn.functional.relu(y)", "torch.nn.functional.relu", "runtime.functional"),
+        ("torch.matmul(y, y.t())", "torch.matmul", "runtime.torch-function"),
+        ("y + 0", "torch.Tensor.add", "runtime.tensor-method"),
+        ("y.t().contiguous()", "torch.Tensor.contiguous", "runtime.tensor-method"),
+    ],
+)
+def test_forbidden_ops_are_refused_naming_the_rule(relu_ws, ret, op, rule):
+    r = run(relu_ws, relu_new("relu", ret))
+    assert not r.ok and r.failure is FailureCategory.FORBIDDEN_OP, r.message
+    assert op in r.message and rule in r.message
+
+
+def test_views_and_creation_are_allowed(relu_ws):
+    r = run(relu_ws, relu_new("relu", "y.view(-1).view(y.shape)[:, :].reshape(y.size(0), y.size(1))"))
+    assert r.ok, r.message
+
+
+def test_state_dict_loaded_strictly(linear_ws):
+    r = run(linear_ws, LINEAR_NEW.replace("{name}", "fc"))
+    assert r.ok, r.message  # ModelNew's own random init differs: passing proves the load
+    bad = run(linear_ws, LINEAR_NEW.replace("{name}", "lin"))
+    assert not bad.ok and bad.failure is FailureCategory.WRONG_RESULT
+    assert "state_dict" in bad.message and "fc.weight" in bad.message
+
+
+def test_fallback_cheat_is_refused_statically(relu_ws):
+    cheat = relu_new("relu")
+    assert "        kernels.relu(x, y, x.numel())\n" in cheat
+    cheat = cheat.replace(
+        "        kernels.relu(x, y, x.numel())\n",
+        "        try:\n            kernels.relu(x, y, x.numel())\n        except Exception:\n"
+        "            return torch.relu(x)\n",
+    )
+    r = run(relu_ws, cheat)
+    assert not r.ok and r.failure is FailureCategory.FORBIDDEN_OP
+    assert "static.fallback" in r.message and "model_new.py:" in r.message
+
+
+def test_reference_model_call_is_refused(relu_ws):
+    cheat = relu_new("relu").replace("from cuda_agent_runtime", "from model import Model\nfrom cuda_agent_runtime")
+    r = run(relu_ws, cheat)
+    assert not r.ok and r.failure is FailureCategory.FORBIDDEN_OP
+    assert "static.reference-model" in r.message
+
+
+def test_guard_records_swallowed_violations():
+    x = torch.randn(4, 4)
+    with forward_guard(GuardOptions()) as g:
+        try:
+            torch.matmul(x, x)
+        except ForbiddenOpError:
+            pass
+    assert g.violations and g.violations[0].op == "torch.matmul"
+    assert torch.relu(x).shape == x.shape  # the guard is gone afterwards
+
+
+def test_guard_allowlist_is_configurable():
+    x = torch.randn(4, 4)
+    with forward_guard(GuardOptions(allow=["matmul", "aten.mm"])) as g:
+        torch.matmul(x, x)
+    assert not g.violations
+    with forward_guard(GuardOptions(deny=["empty_like"])) as g:
+        with pytest.raises(ForbiddenOpError):
+            torch.empty_like(x)
+
+
+def test_missing_build_is_a_compile_error(tmp_path):
+    ws = make_workspace(tmp_path, build=False)
+    r = verify_workspace(str(ws.root), "cpu", VerifyOptions(seed=1))
+    assert not r.ok and r.failure is FailureCategory.COMPILE_ERROR
+
+
+def test_crash_in_forward(relu_ws):
+    r = run(relu_ws, relu_new("relu").replace("kernels.relu(x, y, x.numel())", "kernels.relu(x, y)"))
+    assert not r.ok and r.failure is FailureCategory.CRASH
+    assert "TypeError" in r.message
+
+
+def test_python_level_timeout(relu_ws):
+    r = run(relu_ws, relu_new("relu").replace("        y = torch.empty_like(x)\n", "        while True:\n            pass\n"),
+            timeout_s=1.0, num_inputs=1)
+    assert not r.ok and r.failure is FailureCategory.TIMEOUT
+
+
+def test_fresh_seeds_when_none_given(relu_ws):
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))
+    a = verify_workspace(str(relu_ws.root), "cpu", VerifyOptions(num_inputs=1))
+    b = verify_workspace(str(relu_ws.root), "cpu", VerifyOptions(num_inputs=1))
+    assert a.ok and b.ok and a.metadata["seed"] != b.metadata["seed"]
+
+
+def test_single_file_candidate(relu_ws, tmp_path):
+    manifest = json.loads((Path(relu_ws.root) / ".cuda_agent" / "build" / "manifest.json").read_text())
+    lib = next(v for k, v in manifest.items() if isinstance(v, str) and v.endswith(".so"))
+    lib = lib if Path(lib).is_absolute() else str(Path(relu_ws.root) / ".cuda_agent" / "build" / lib)
+    shutil.copy(Path(relu_ws.root) / "model.py", tmp_path / "ref.py")
+    (tmp_path / "solution.py").write_text(textwrap.dedent(f'''
+        import ctypes
+        import torch
+        import torch.nn as nn
+
+        _lib = ctypes.CDLL({lib!r})
+        _lib.relu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                y = torch.empty_like(x)
+                _lib.relu(x.data_ptr(), y.data_ptr(), x.numel())
+                return y
+    '''))
+    r = verify_file(str(tmp_path / "solution.py"), str(tmp_path / "ref.py"), "cpu", VerifyOptions(seed=2))
+    assert r.ok, r.message
+
+
+def test_inputs_never_zero_and_differ_per_seed():
+    def get_inputs():
+        return [torch.zeros(8, 8), torch.randn(8, 8), torch.randint(0, 5, (4,))]
+
+    a = draw_inputs(get_inputs, 1)
+    b = draw_inputs(get_inputs, 2)
+    assert a.replaced_zeros == [0]
+    assert bool(a.values[0].any()) and bool(b.values[0].any())
+    assert not torch.equal(a.values[0], b.values[0]) and not torch.equal(a.values[1], b.values[1])
+    again = draw_inputs(get_inputs, 1)
+    assert torch.equal(a.values[1], again.values[1])  # a seed reproduces its draw
+
+
+def test_compare_outputs_rules():
+    ref = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare_outputs(ref, ref.clone(), 1e-2, 1e-2).ok
+    assert not compare_outputs(ref, torch.tensor([1.0, 0.0, float("inf")]), 1e-2, 1e-2).ok
+    assert not compare_outputs(torch.ones(3), torch.tensor([1.0, float("inf"), 1.0]), 1e-2, 1e-2).ok
+    assert not compare_outputs(torch.ones(3), torch.ones(3, dtype=torch.float64), 1e-2, 1e-2).ok
+    assert compare_outputs([torch.ones(2), 3], [torch.ones(2) + 1e-3, 3], 1e-2, 1e-2).ok
+    assert not compare_outputs([torch.ones(2)], [torch.ones(2), torch.ones(2)], 1e-2, 1e-2).ok
