@@ -195,7 +195,7 @@ def test_crash_on_one_device_does_not_disturb_others():
 
 
 def test_local_executor_on_fake_gpu_ids_sets_visible_devices():
-    e = LocalExecutor(LocalExecutorOptions(devices="3,5", preload=[], health_check="", timeout=20))
+    e = LocalExecutor(LocalExecutorOptions(devices="3,5", preload=[], health_check="", warm_cuda=False, timeout=20))
     try:
         assert e.devices == ["3", "5"]
         futs = [e.submit(Job(S + "sleep", {"seconds": 0.5})) for _ in range(4)]

@@ -186,6 +186,19 @@ def test_python_api_evaluate_score_and_inline_compile(tmp_path, executor):
         svc.close()
 
 
+def test_verify_and_profile_as_one_job(tmp_path, executor):
+    ws = make_ws(tmp_path / "ws")
+    with service(ws, executor, evaluate_job="test_service_kit:evaluate_job") as svc:
+        n0 = len(executor.pool.records)
+        out = svc.evaluate()
+        assert out.correct and out.profile.ok
+        kinds = [r.kind for r in executor.pool.records[n0:]]
+        assert kinds == ["evaluate"]
+        (ws / "kernels" / "axpb.cpp").write_text(WRONG)
+        out = svc.evaluate()
+        assert out.failure is FailureCategory.WRONG_RESULT and out.profile is None
+
+
 def test_env_variable_and_cwd_discovery(tmp_path, executor):
     ws = make_ws(tmp_path / "ws")
     other = tmp_path / "elsewhere"

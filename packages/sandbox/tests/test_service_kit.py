@@ -102,3 +102,8 @@ def profile_job(workspace: str, device: str, options: dict) -> ProfileResult:
     return ProfileResult(ok=True, candidate=t(lib.axpb), eager=eager,
                          compile=Timing(median_ms=eager.median_ms * 0.9, method="wallclock"),
                          metadata={"device": device})
+
+
+def evaluate_job(workspace: str, device: str, verify_options: dict, profile_options: dict):
+    v = verify_job(workspace, device, verify_options)
+    return v, (profile_job(workspace, device, profile_options) if v.ok else None)

@@ -62,6 +62,9 @@ class ServiceOptions:
     profile_timeout: float = 300.0
     verify_job: str = "cuda_agent.sandbox.executors.tasks:verify"
     profile_job: str = "cuda_agent.sandbox.executors.tasks:profile"
+    # verify+profile as one job (one worker start instead of two; a hang then costs both
+    # timeouts); "" = two jobs, each with its own timeout
+    evaluate_job: str = ""
     verify_options: dict = field(default_factory=dict)
     profile_options: dict = field(default_factory=dict)
     profile_verifies: bool = True
@@ -521,6 +524,19 @@ class WorkspaceService:
                                  seconds=time.monotonic() - t0,
                                  metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
 
+    def _evaluate_job(self) -> tuple[VerifyResult, ProfileResult | None] | None:
+        """Verify + profile as one job; None when it did not return (then two jobs tell
+        which step failed)."""
+        o = self.options
+        job = Job(o.evaluate_job, {"workspace": str(self.root), "verify_options": dict(o.verify_options),
+                                   "profile_options": dict(o.profile_options)},
+                  kind="evaluate", timeout=o.verify_timeout + o.profile_timeout, label=self.root.name)
+        try:
+            v, p = self.executor.submit(job).result()
+        except JobError:
+            return None
+        return v, p
+
     def verify(self, fresh: bool = False) -> VerifyResult:
         return self._request("verify", fresh)["outcome"].verify
 
@@ -552,13 +568,20 @@ class WorkspaceService:
             outcome = CandidateOutcome(compile=c)
             reused: list[str] = []
             want_verify = kind == "verify" or kind == "evaluate" or self.options.profile_verifies
+            want_profile = kind in ("profile", "evaluate")
+            cached_v = c.ok and cached and cached.get("verify") is not None and cached["verify"].ok
+            if want_verify and want_profile and c.ok and not cached_v and self.options.evaluate_job:
+                both = self._evaluate_job()
+                if both is not None:
+                    outcome.verify, outcome.profile = both
+                    want_verify = want_profile = False
             if want_verify:
                 if c.ok and cached and cached.get("verify") is not None and cached["verify"].ok:
                     outcome.verify = cached["verify"]
                     reused.append("verify")
                 else:
                     outcome.verify = self._verify(c)
-            if kind in ("profile", "evaluate") and c.ok and (outcome.verify is None or outcome.verify.ok):
+            if want_profile and c.ok and (outcome.verify is None or outcome.verify.ok):
                 if cached and cached.get("profile") is not None and cached["profile"].ok:
                     outcome.profile = cached["profile"]
                     reused.append("profile")

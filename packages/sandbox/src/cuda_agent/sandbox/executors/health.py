@@ -20,3 +20,11 @@ def cuda_health() -> str | None:
 
 def no_health() -> str | None:
     return None
+
+
+def cuda_init(device: str = "cuda:0") -> None:
+    """Create the CUDA context ahead of the first job (run by a spare worker while it waits)."""
+    torch = sys.modules.get("torch")  # only where the worker preloaded torch
+    if torch is not None and torch.cuda.is_available():
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)

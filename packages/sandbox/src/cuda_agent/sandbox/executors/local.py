@@ -129,6 +129,7 @@ class LocalExecutorOptions:
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
     isolation: str = "visible_devices"  # visible_devices (CUDA_VISIBLE_DEVICES=<id>) | set_device (cuda:<id>)
     health_check: str = "cuda_agent.sandbox.executors.health:cuda_health"
+    warm_cuda: bool = True  # workers create their CUDA context before their first job
 
 
 def visible_gpus() -> list[str]:
@@ -192,6 +193,8 @@ class LocalExecutor(_PoolExecutor):
     def pool_kwargs(self) -> dict:
         kw = super().pool_kwargs()
         kw["health_check"] = self.options.health_check or None
+        if self.options.warm_cuda:
+            kw["init"] = ["cuda_agent.sandbox.executors.health:cuda_init"]
         return kw
 
 

@@ -90,6 +90,7 @@ class _Worker:
             "label": spec.label,
             "preload": list(pool.preload),
             "health_check": pool.health_check,
+            "init": list(pool.init),
             "memory_limit_mb": pool.memory_limit_mb,
             "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
         }
@@ -445,6 +446,7 @@ class WorkerPool:
         spare: bool = True,
         preload: list[str] | tuple[str, ...] = (),
         health_check: str | None = None,
+        init: list[str] | tuple[str, ...] = (),
         memory_limit_mb: int = 0,
         start_timeout: float = 120.0,
         max_jobs_per_worker: int = 0,
@@ -467,6 +469,7 @@ class WorkerPool:
         self.spare = spare
         self.preload = list(preload)
         self.health_check = health_check or None
+        self.init = list(init)
         self.memory_limit_mb = int(memory_limit_mb or 0)
         self.start_timeout = start_timeout
         self.max_jobs_per_worker = int(max_jobs_per_worker or 0)

@@ -94,16 +94,94 @@ def get_global(device: str = ""):
     return os.environ.get("CUDA_AGENT_SELFTEST_STATE")
 
 
-def cuda_illegal_access(device: str = "cuda:0") -> None:
-    """A real illegal memory access on the GPU (reads through a null pointer)."""
+_PTX_BAD_STORE = """
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry bad_store(.param .u64 p)
+{
+  .reg .u64 %rd<2>;
+  .reg .u32 %r<2>;
+  ld.param.u64 %rd1, [p];
+  mov.u32 %r1, 1;
+  st.global.u32 [%rd1], %r1;
+  ret;
+}
+"""
+
+_PTX_SPIN = """
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry spin(.param .u64 p)
+{
+  .reg .u64 %rd<2>;
+  .reg .u32 %r<3>;
+  ld.param.u64 %rd1, [p];
+  mov.u32 %r1, 0;
+LOOP:
+  add.u32 %r1, %r1, 1;
+  st.volatile.global.u32 [%rd1], %r1;
+  bra LOOP;
+}
+"""
+
+
+def _launch_ptx(ptx: str, name: str, arg: int, device: str) -> None:
+    """Launch a one-thread PTX kernel through the driver API (no compiler needed)."""
+    import ctypes
+
     import torch
 
-    x = torch.empty(1, device=device)
-    # an index far out of bounds through an unchecked path: write via a bad storage offset
-    bad = torch.empty(0, device=device).as_strided((1,), (1,), 1 << 40)
-    bad.fill_(1.0)
+    torch.zeros(1, device=device)  # makes torch's primary context current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"CUDA driver error {code} in {what}")
+
+    mod = ctypes.c_void_p()
+    check(cuda.cuModuleLoadData(ctypes.byref(mod), ptx.encode()), "cuModuleLoadData")
+    fn = ctypes.c_void_p()
+    check(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), "cuModuleGetFunction")
+    value = ctypes.c_uint64(arg)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(value), ctypes.c_void_p))
+    check(cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None), "cuLaunchKernel")
     torch.cuda.synchronize()
-    return float(x.sum())
+
+
+def cuda_illegal_access(device: str = "cuda:0") -> None:
+    """A real illegal memory access: a kernel stores through a bad pointer."""
+    _launch_ptx(_PTX_BAD_STORE, "bad_store", 0x10, device)
+
+
+def cuda_illegal_access_swallowed(device: str = "cuda:0") -> str:
+    """The same, but the job catches the error and returns normally: the worker's health
+    check must still notice the sticky error and get the worker replaced."""
+    try:
+        _launch_ptx(_PTX_BAD_STORE, "bad_store", 0x10, device)
+    except Exception as exc:
+        return f"swallowed: {str(exc).splitlines()[0]}"
+    return "no error"
+
+
+def cuda_device_assert(device: str = "cuda:0") -> None:
+    """An out-of-range index: torch's kernel fails a device-side assert."""
+    import torch
+
+    x = torch.zeros(16, device=device)
+    idx = torch.tensor([1 << 30], device=device)
+    y = x[idx]
+    torch.cuda.synchronize()
+    return float(y.sum())
+
+
+def cuda_hang(device: str = "cuda:0") -> None:
+    """A kernel that never ends."""
+    import torch
+
+    buf = torch.zeros(4, dtype=torch.int32, device=device)
+    _launch_ptx(_PTX_SPIN, "spin", buf.data_ptr(), device)
 
 
 def cuda_oom(device: str = "cuda:0") -> None:

@@ -8,7 +8,27 @@ dataclasses inside the worker, so the service never imports torch and the pool s
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
+
+
+def build_options(cls: Any, data: dict) -> Any:
+    """``cls(**data)`` for a dataclass, building nested dataclass fields from mappings."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} option {unknown[0]!r}; valid: {', '.join(sorted(names))}")
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        hints = {}
+    kwargs = {}
+    for key, value in data.items():
+        t = hints.get(key)
+        if isinstance(value, dict) and isinstance(t, type) and dataclasses.is_dataclass(t):
+            value = build_options(t, value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def _options(module: Any, class_name: str, options: Any) -> Any:
@@ -17,14 +37,9 @@ def _options(module: Any, class_name: str, options: Any) -> Any:
     if not isinstance(options, dict):
         return options  # already an options object
     cls = getattr(module, class_name, None)
-    if cls is None:
+    if cls is None or not dataclasses.is_dataclass(cls):
         return options
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(f"unknown {class_name} option {unknown[0]!r}; valid: {', '.join(sorted(names))}")
-    return cls(**options)
+    return build_options(cls, options)
 
 
 def verify(workspace: str, device: str, options: dict | None = None) -> Any:
@@ -39,3 +54,13 @@ def profile(workspace: str, device: str, options: dict | None = None) -> Any:
     from cuda_agent.sandbox import jobs
 
     return jobs.profile_workspace(workspace, device, _options(jobs, "ProfileOptions", options))
+
+
+def evaluate(workspace: str, device: str, verify_options: dict | None = None,
+             profile_options: dict | None = None) -> tuple[Any, Any]:
+    """Verify, then (when correct) profile, in one worker: one process start and one
+    load of the candidate instead of two. Returns (VerifyResult, ProfileResult or None)."""
+    v = verify(workspace, device, verify_options)
+    if not getattr(v, "ok", False):
+        return v, None
+    return v, profile(workspace, device, profile_options)

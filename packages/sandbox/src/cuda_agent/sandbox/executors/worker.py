@@ -104,10 +104,15 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(mod)
         except Exception as exc:  # a job that needs it will report the failure itself
             print(f"worker: preloading {mod} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    device = cfg.get("device", "cpu")
+    for fn_path in cfg.get("init") or []:
+        try:
+            resolve(fn_path)(device=device)
+        except Exception as exc:  # the job will meet the same problem and report it
+            print(f"worker: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     check = None
     if cfg.get("health_check"):
         check = resolve(cfg["health_check"])
-    device = cfg.get("device", "cpu")
     conn.send(("ready", {"pid": os.getpid(), "device": device, "label": cfg.get("label", "")}))
     while True:
         try:
