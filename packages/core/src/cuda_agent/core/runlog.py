@@ -39,6 +39,16 @@ class _Sinks:
 
 
 _sinks = _Sinks()
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is now (it may be replaced after configure())."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 _configured = False
 
 
@@ -59,7 +69,7 @@ def configure(level: str = "info", console: bool = True) -> None:
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True

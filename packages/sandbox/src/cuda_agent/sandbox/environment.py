@@ -80,7 +80,11 @@ class CudaEnvironment(FolderEnvironment):
 
     ``compiler``, ``sandbox``, ``executor`` and ``reward`` are ``{name, options}`` specs (or
     built components); ``service_options`` are the workspace service's options. An
-    executor passed in is shared and not closed here.
+    executor passed in is shared and not closed here. A compiler configured for the other
+    backend is ignored (the backend's default compiler is used).
+
+    Attributes: ``ws`` (the :class:`~cuda_agent.sandbox.workspace.Workspace`), ``workspace``
+    (its root folder), ``service`` (the running WorkspaceService), ``backend``.
     """
 
     def __init__(
@@ -97,7 +101,7 @@ class CudaEnvironment(FolderEnvironment):
         pm: Any = None,
     ):
         from .service import WorkspaceService
-        from .workspace import create_workspace
+        from .workspace import COMPILER_BACKEND, create_workspace
 
         self.options = options or EnvironmentOptions()
         self.task = task
@@ -108,6 +112,8 @@ class CudaEnvironment(FolderEnvironment):
             compiler = None
         compiler_name = compiler.get("name") if isinstance(compiler, dict) else (
             compiler if isinstance(compiler, str) or compiler is None else getattr(compiler, "name", None))
+        if compiler_name is not None and COMPILER_BACKEND.get(compiler_name, self.backend) != self.backend:
+            compiler, compiler_name = None, None  # configured for the other backend: use this one's default
         self.ws = create_workspace(task, workdir, backend=self.backend, compiler=compiler_name,
                                           overwrite=self.options.overwrite)
         self.initial_files = self.ws.snapshot()
