@@ -162,6 +162,9 @@ def load_kernels(workspace: str | None = None):
     """Load the kernels of the latest successful build of ``workspace`` (default: this one)."""
     workspace = os.path.abspath(workspace or os.environ.get("CUDA_AGENT_WORKSPACE") or _HERE)
     man = _manifest(workspace)
+    if not man.get("ok", True) or "artifact" not in man:
+        first = (man.get("errors") or ["unknown error"])[0]
+        raise KernelsNotBuilt(f"the last build failed ({first}): fix it and run `python tools/compile.py`")
     path = os.path.join(workspace, ".cuda_agent", "build", man["artifact"])
     with _lock:
         if path in _loaded:

@@ -85,7 +85,7 @@ class DockerProcess:
         api = session.client.api
         self.tag = uuid.uuid4().hex[:12]
         pidfile = f"{PIDS}/{self.tag}"
-        wrapped = ["setsid", "sh", "-c", f'mkdir -p {PIDS}; echo $$ > {pidfile}; exec "$@"', "sh", *argv]
+        wrapped = ["setsid", "-w", "sh", "-c", f'mkdir -p {PIDS}; echo $$ > {pidfile}; exec "$@"', "sh", *argv]
         self.exec_id = api.exec_create(session.container.id, wrapped, stdin=True, stdout=True, stderr=True,
                                        tty=False, environment=env, workdir=MOUNT,
                                        user=session.user)["Id"]
@@ -158,13 +158,26 @@ class DockerProcess:
     def returncode(self) -> int | None:
         return self._returncode
 
+    def kill_group(self) -> None:
+        """Kill the command's process group (background children included)."""
+        api = self.session.client.api
+        script = f'p=$(cat {PIDS}/{self.tag} 2>/dev/null) && kill -KILL -- -$p $p 2>/dev/null; rm -f {PIDS}/{self.tag}; true'
+        ok = False
+        with contextlib.suppress(Exception):
+            eid = api.exec_create(self.session.container.id, ["sh", "-c", script], user=self.session.user)["Id"]
+            api.exec_start(eid)
+            ok = api.exec_inspect(eid).get("ExitCode") == 0
+        if not ok:
+            # no process could be started to kill it (e.g. every PID in use): restart the container
+            self.session.restart()
+
     def kill(self) -> None:
+        self.kill_group()
         if self.poll() is None:
-            script = f'p=$(cat {PIDS}/{self.tag} 2>/dev/null) && kill -KILL -- -$p $p 2>/dev/null; true'
-            with contextlib.suppress(Exception):
-                self.session.client.api.exec_start(
-                    self.session.client.api.exec_create(self.session.container.id, ["sh", "-c", script],
-                                                        user=self.session.user)["Id"])
+            try:
+                self.wait(2)
+            except Exception:
+                self.session.restart()
         self.stdin.close()
         with contextlib.suppress(OSError):
             self._sock.close()
@@ -200,6 +213,7 @@ class DockerSession(SandboxSession):
             apply_layout(self.workspace, self.protected, None, None)
         self.user = f"{uid}:{gid}"
         self.container = self._start()
+        self.restarts = 0
         self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self.kill_all)
 
     def _host_path(self, p: Path) -> str:
@@ -259,6 +273,7 @@ class DockerSession(SandboxSession):
 
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
+        restarts = self.restarts
         proc = self.spawn(["/bin/bash", "--noprofile", "--norc", "-c", command], env=env)
         proc.stdin.close()
         output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
@@ -269,7 +284,11 @@ class DockerSession(SandboxSession):
         else:
             with contextlib.suppress(Exception):
                 code = proc.wait(10)
+            proc.kill_group()  # what it left running in the background
             self._forget(proc)
+        if self.restarts != restarts:
+            output = (output.rstrip("\n") + "\n" if output else "") + (
+                "[sandbox] the sandbox had to be restarted to stop runaway processes (/tmp was cleared)")
         msgs = []
         if timed_out:
             msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
@@ -283,6 +302,14 @@ class DockerSession(SandboxSession):
         if msgs:
             output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
+
+    def restart(self) -> None:
+        """Kill every process in the container and start it again (the workspace is kept)."""
+        with contextlib.suppress(Exception):
+            self.container.kill()
+        with contextlib.suppress(Exception):
+            self.container.start()
+        self.restarts += 1
 
     def kill_all(self) -> None:
         """Kill every process of the agent user in the container."""
