@@ -277,7 +277,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
     from .profilers import get_profiler
 
     o = options or BaselineOptions()
-    cache = cache or cache_for(o.cache_dir or None)
+    cache = cache if cache is not None else cache_for(o.cache_dir or None)
     prof_name = o.profiler or default_profiler(device)
     ref_mod = None
     if init_inputs is None:
@@ -335,7 +335,7 @@ def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOp
     Returns one summary per task: ``{"task", "eager_ms", "compile_ms", "cached", "error"}``.
     """
     o = options or BaselineOptions()
-    cache = cache or cache_for(o.cache_dir or None)
+    cache = cache if cache is not None else cache_for(o.cache_dir or None)
     items = list(tasks)
     out = []
     try:

@@ -60,67 +60,94 @@ def _new_api(torch) -> bool:
     return hasattr(torch.backends, "cuda") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
+def _quiet():
+    import warnings
+
+    w = warnings.catch_warnings()
+    w.__enter__()
+    warnings.simplefilter("ignore")
+    return w
+
+
 def precision_flags() -> dict:
     """The torch flags in force now (what a result records)."""
     import torch
 
-    flags: dict[str, Any] = {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn_enabled": bool(torch.backends.cudnn.enabled),
-    }
-    if _new_api(torch):
-        flags["matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
-        flags["cudnn_conv_fp32_precision"] = torch.backends.cudnn.conv.fp32_precision
-        flags["cudnn_rnn_fp32_precision"] = torch.backends.cudnn.rnn.fp32_precision
-    else:  # pragma: no cover - older torch
-        flags["matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
-        flags["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
-    flags["matmul_allow_fp16_reduced_precision_reduction"] = bool(
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-    )
-    flags["matmul_allow_bf16_reduced_precision_reduction"] = bool(
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-    )
+    w = _quiet()
+    try:
+        flags: dict[str, Any] = {"cudnn_enabled": bool(torch.backends.cudnn.enabled)}
+        for key, getter in (
+            ("matmul_allow_tf32", lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
+            ("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32)),
+            ("float32_matmul_precision", torch.get_float32_matmul_precision),
+        ):
+            try:
+                flags[key] = getter()
+            except RuntimeError:  # torch refuses legacy getters after a mix of old and new APIs
+                flags[key] = None
+        if _new_api(torch):
+            flags["matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+            flags["cudnn_conv_fp32_precision"] = torch.backends.cudnn.conv.fp32_precision
+            flags["cudnn_rnn_fp32_precision"] = torch.backends.cudnn.rnn.fp32_precision
+        flags["matmul_allow_fp16_reduced_precision_reduction"] = bool(
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        )
+        flags["matmul_allow_bf16_reduced_precision_reduction"] = bool(
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        )
+    finally:
+        w.__exit__(None, None, None)
     return flags
 
 
 def apply_policy(policy: PrecisionPolicy) -> None:
-    """Set torch's global flags to ``policy`` (process-wide)."""
+    """Set torch's global flags to ``policy`` (process-wide).
+
+    Uses the long-standing ``allow_tf32`` switches: they keep every getter of both the old
+    and the per-backend API answering consistently (mixing the two APIs makes torch refuse
+    the old getters, which inductor still reads)."""
     import torch
 
-    mode = "tf32" if policy.allow_tf32 else "ieee"
-    if _new_api(torch):
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-        torch.backends.cudnn.rnn.fp32_precision = mode
-    else:  # pragma: no cover - older torch
+    w = _quiet()
+    try:
         torch.backends.cuda.matmul.allow_tf32 = policy.allow_tf32
         torch.backends.cudnn.allow_tf32 = policy.allow_tf32
+    finally:
+        w.__exit__(None, None, None)
 
 
 def _snapshot() -> tuple:
     import torch
 
-    if _new_api(torch):
-        return (
-            "new",
-            torch.backends.cuda.matmul.fp32_precision,
-            torch.backends.cudnn.conv.fp32_precision,
-            torch.backends.cudnn.rnn.fp32_precision,
-        )
-    return ("old", torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # pragma: no cover
+    w = _quiet()
+    try:
+        try:
+            return ("old", bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32))
+        except RuntimeError:
+            return (
+                "new",
+                torch.backends.cuda.matmul.fp32_precision,
+                torch.backends.cudnn.conv.fp32_precision,
+                torch.backends.cudnn.rnn.fp32_precision,
+            )
+    finally:
+        w.__exit__(None, None, None)
 
 
 def _restore(snap: tuple) -> None:
     import torch
 
-    if snap[0] == "new":
-        torch.backends.cuda.matmul.fp32_precision = snap[1]
-        torch.backends.cudnn.conv.fp32_precision = snap[2]
-        torch.backends.cudnn.rnn.fp32_precision = snap[3]
-    else:  # pragma: no cover
-        torch.backends.cuda.matmul.allow_tf32 = snap[1]
-        torch.backends.cudnn.allow_tf32 = snap[2]
+    w = _quiet()
+    try:
+        if snap[0] == "old":
+            torch.backends.cuda.matmul.allow_tf32 = snap[1]
+            torch.backends.cudnn.allow_tf32 = snap[2]
+        else:
+            torch.backends.cuda.matmul.fp32_precision = snap[1]
+            torch.backends.cudnn.conv.fp32_precision = snap[2]
+            torch.backends.cudnn.rnn.fp32_precision = snap[3]
+    finally:
+        w.__exit__(None, None, None)
 
 
 @contextlib.contextmanager

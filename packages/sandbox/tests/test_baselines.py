@@ -1,0 +1,138 @@
+"""Baselines measured once and cached; profiling jobs on the CPU backend; precision policy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.types import FailureCategory, Task  # noqa: E402
+from cuda_agent.sandbox import jobs  # noqa: E402
+from cuda_agent.sandbox.baselines import BaselineCache, BaselineOptions, measure_baselines, measure_many  # noqa: E402
+from cuda_agent.sandbox.precision import TF32, policy_from, precision_context, precision_flags  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_verify_support import RELU_TASK, make_workspace, relu_new  # noqa: E402
+
+FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 50}
+
+
+def opts(tmp_path, **kw):
+    kw.setdefault("compile", False)
+    return BaselineOptions(profiler_options=dict(FAST), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_second_call_reads_the_cache(tmp_path):
+    cache = BaselineCache(tmp_path / "cache")
+    e1, c1 = measure_baselines(RELU_TASK, "cpu", opts(tmp_path), cache)
+    assert cache.measured == 1 and cache.misses == 1 and c1 is None
+    e2, _ = measure_baselines(RELU_TASK, "cpu", opts(tmp_path), cache)
+    assert cache.measured == 1 and cache.hits == 1
+    assert e2.median_ms == e1.median_ms and e1.method == "wallclock"
+    fresh = BaselineCache(tmp_path / "cache")  # another process: from disk
+    e3, _ = measure_baselines(RELU_TASK, "cpu", opts(tmp_path), fresh)
+    assert fresh.measured == 0 and fresh.hits == 1 and e3.median_ms == e1.median_ms
+    assert len(fresh) == 1
+
+
+def test_key_depends_on_code_precision_and_profiler(tmp_path):
+    cache = BaselineCache(tmp_path / "cache")
+    measure_baselines(RELU_TASK, "cpu", opts(tmp_path), cache)
+    measure_baselines(RELU_TASK, "cpu", opts(tmp_path, precision="tf32"), cache)
+    measure_baselines(RELU_TASK.replace("64, 33", "32, 33"), "cpu", opts(tmp_path), cache)
+    o = opts(tmp_path)
+    o.profiler_options["target_ms"] = 6
+    measure_baselines(RELU_TASK, "cpu", o, cache)
+    assert cache.measured == 4 and len(cache) == 4
+
+
+def test_compile_baseline_on_cpu(tmp_path):
+    cache = BaselineCache(tmp_path / "cache")
+    eager, comp = measure_baselines(RELU_TASK, "cpu", opts(tmp_path, compile=True), cache)
+    assert eager.median_ms > 0 and comp is not None and comp.median_ms > 0
+    measure_baselines(RELU_TASK, "cpu", opts(tmp_path, compile=True), cache)
+    assert cache.measured == 1  # never recompiled for a second request
+
+
+def test_measure_many_resumes(tmp_path):
+    tasks = [Task(id="a", source="t", code=RELU_TASK), Task(id="b", source="t", code=RELU_TASK.replace("64, 33", "8, 8")),
+             Task(id="broken", source="t", code="raise SystemError('no')\n")]
+    cache = BaselineCache(tmp_path / "cache")
+    rows = measure_many(tasks, "cpu", opts(tmp_path), cache, progress=False)
+    assert [r["task"] for r in rows] == ["a", "b", "broken"]
+    assert rows[0]["eager_ms"] > 0 and not rows[0]["cached"] and "error" in rows[2]
+    again = measure_many(tasks[:2], "cpu", opts(tmp_path), BaselineCache(tmp_path / "cache"), progress=False)
+    assert all(r["cached"] for r in again)
+
+
+@pytest.fixture(scope="module")
+def relu_ws(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("prof"))
+
+
+def popts(tmp_path, **kw):
+    return jobs.ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), profiler_options=dict(FAST),
+                               compile_baseline=False, **kw)
+
+
+def test_profile_workspace_uses_cached_baselines(relu_ws, tmp_path):
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))
+    r1 = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert r1.ok, r1.message
+    assert r1.candidate.median_ms > 0 and r1.eager.median_ms > 0 and r1.compile is None
+    assert r1.metadata["baseline_cache"] == "miss" and r1.metadata["spot_check"] == "passed"
+    r2 = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert r2.metadata["baseline_cache"] == "hit" and r2.eager.median_ms == r1.eager.median_ms
+    assert r2.speedup_vs_eager() > 0 and "eager" in r2.message
+
+
+CACHING_CHEAT = '''
+import torch
+import torch.nn as nn
+from cuda_agent_runtime import load_kernels
+
+kernels = load_kernels()
+_memo = {}
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        key = x.data_ptr()
+        if key not in _memo:
+            y = torch.empty_like(x)
+            kernels.relu(x, y, x.numel())
+            _memo[key] = y
+        return _memo[key]
+'''
+
+
+def test_result_caching_does_not_pay(relu_ws, tmp_path):
+    (Path(relu_ws.root) / "model_new.py").write_text(CACHING_CHEAT)
+    v = jobs.verify_workspace(str(relu_ws.root), "cpu", jobs.VerifyOptions(seed=1))
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT and "cached" in r.message
+    assert v.ok or v.failure is FailureCategory.WRONG_RESULT
+
+
+def test_profile_reports_crash(relu_ws, tmp_path):
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu").replace("x.numel())", "x.numel(), 1)"))
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert not r.ok and r.failure is FailureCategory.CRASH
+
+
+def test_precision_policy_flags_and_restore():
+    before = precision_flags()
+    with precision_context("tf32") as flags:
+        assert flags["matmul_allow_tf32"] is True and flags["cudnn_allow_tf32"] is True
+    with precision_context(None) as strict:
+        assert strict["matmul_allow_tf32"] is False and strict["cudnn_allow_tf32"] is False
+        assert strict.get("cudnn_conv_fp32_precision", "ieee") != "tf32"
+        model = torch.compile(torch.nn.Linear(4, 4))  # inductor reads the flags without complaint
+        assert model(torch.randn(2, 4)).shape == (2, 4)
+    assert precision_flags() == before
+    assert policy_from("fp32").key == "fp32-strict" and policy_from(True) == TF32
+    with pytest.raises(Exception, match="unknown precision policy"):
+        policy_from("fp8")

@@ -1,0 +1,126 @@
+"""Profiler plugins: wallclock for real on the CPU; cuda_events / torch_profiler / ncu on a GPU."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.plugins import get_plugin_manager  # noqa: E402
+from cuda_agent.sandbox.profilers import (  # noqa: E402
+    CudaEventsProfiler,
+    NsightComputeProfiler,
+    ProfilerError,
+    TorchProfilerProfiler,
+    WallclockProfiler,
+    get_profiler,
+    parse_ncu_csv,
+    summarize,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def test_profilers_are_registered_plugins():
+    names = set(get_plugin_manager().components("profiler"))
+    assert {"cuda_events", "torch_profiler", "nsight_compute", "wallclock"} <= names
+    p = get_profiler("wallclock", {"target_ms": 5})
+    assert isinstance(p, WallclockProfiler) and p.options.target_ms == 5
+
+
+def test_wallclock_measures_and_rotates_inputs():
+    seen = []
+    prepared = []
+
+    def fn(tag):
+        seen.append(tag)
+        time.sleep(0.002)
+
+    p = WallclockProfiler(WallclockProfiler.Options(warmup_iters=1, warmup_ms=0, target_ms=30, min_iters=6, max_iters=50))
+    t = p.time(fn, [["a"], ["b"], ["c"]], "cpu", prepare=lambda i, args: prepared.append((i, args[0])))
+    assert t.method == "wallclock"
+    assert 1.9 <= t.median_ms < 20
+    assert t.iterations >= 6 and len(t.samples_ms) == t.iterations
+    timed = seen[-t.iterations:]
+    assert set(timed) == {"a", "b", "c"}  # rotation
+    assert prepared[:3] == [(0, "a"), (1, "b"), (2, "c")]  # prepare sees the set about to be timed
+
+
+def test_wallclock_iterations_follow_the_target():
+    p = WallclockProfiler(WallclockProfiler.Options(warmup_iters=1, warmup_ms=0, target_ms=20, min_iters=3, max_iters=1000))
+    t = p.time(lambda: time.sleep(0.004), [[]], "cpu")
+    assert 3 <= t.iterations <= 8
+
+
+def test_summarize_median_and_spread():
+    t = summarize([1.0, 2.0, 3.0, 4.0, 100.0], "x")
+    assert t.median_ms == 3.0 and t.iterations == 5
+    assert 0 < t.spread < 1.5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_gpu_profilers_refuse_without_cuda():
+    for cls in (CudaEventsProfiler, TorchProfilerProfiler):
+        with pytest.raises(ProfilerError):
+            cls().time(lambda: None, [[]], "cpu")
+    with pytest.raises(ProfilerError):
+        NsightComputeProfiler().time(lambda: None, [[]])
+
+
+def test_parse_ncu_csv():
+    text = textwrap.dedent('''\
+        ==PROF== Connected to process 1234
+        "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__time_duration.sum","launch__registers_per_thread","sm__throughput.avg.pct_of_peak_sustained_elapsed"
+        "","","","","","","","","","","","usecond","register/thread","%"
+        "0","1234","python","h","relu_kernel(const float *, float *, long)","1","7","(256, 1, 1)","(1024, 1, 1)","0","9.0","12.35","16","45.1"
+        "1","1234","python","h","gemm_kernel","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","1,250.00","128","88.0"
+        ==PROF== Disconnected
+    ''')
+    rows = parse_ncu_csv(text)
+    assert len(rows) == 2
+    assert rows[0]["kernel"].startswith("relu_kernel") and rows[0]["block_size"] == "(256, 1, 1)"
+    assert rows[0]["duration_ms"] == pytest.approx(0.01235)
+    assert rows[1]["duration_ms"] == pytest.approx(1.25)
+    assert rows[1]["registers_per_thread"] == 128 and rows[1]["sm_throughput_pct"] == 88.0
+
+
+# --- GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_events_times_a_matmul():
+    a = torch.randn(2048, 2048, device="cuda")
+    sets = [[a, torch.randn(2048, 2048, device="cuda")] for _ in range(2)]
+    p = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100))
+    t = p.time(torch.matmul, sets, "cuda")
+    assert t.median_ms > 0.01 and t.iterations >= 10 and t.spread < 0.2
+    g = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, cuda_graph=True)).time(torch.matmul, sets, "cuda")
+    assert g.method.endswith("+graph") and 0.5 < g.median_ms / t.median_ms < 1.5
+    tp = TorchProfilerProfiler(TorchProfilerProfiler.Options(target_ms=50, repeats=3)).time(torch.matmul, sets, "cuda")
+    assert 0.5 < tp.median_ms / t.median_ms < 1.5
+
+
+@pytest.mark.gpu
+def test_cuda_events_counts_work_on_other_streams():
+    side = torch.cuda.Stream()
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def on_current(x):
+        return x @ x
+
+    def escaping(x):  # launches on a side stream and returns without joining it
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x @ x
+        return y
+
+    base = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100)).time(on_current, [[x]], "cuda")
+    seen = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100)).time(escaping, [[x]], "cuda")
+    blind = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, all_streams=False)).time(escaping, [[x]], "cuda")
+    assert seen.median_ms > 0.7 * base.median_ms
+    assert blind.median_ms < 0.5 * base.median_ms

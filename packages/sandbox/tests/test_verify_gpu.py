@@ -1,0 +1,105 @@
+"""Verification and profiling on a CUDA GPU with a load_inline single-file solution."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.types import FailureCategory  # noqa: E402
+from cuda_agent.sandbox.jobs import ProfileOptions, VerifyOptions, profile_file, verify_file  # noqa: E402
+
+REF = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    def get_inputs():
+        return [torch.randn(1024, 4096)]
+
+    def get_init_inputs():
+        return []
+''')
+
+SOLUTION = textwrap.dedent(r'''
+    import torch
+    import torch.nn as nn
+    from torch.utils.cpp_extension import load_inline
+
+    cuda_src = """
+    #include <torch/extension.h>
+    __global__ void relu_k(const float* x, float* y, long n) {
+        long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+        if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+    }
+    __global__ void half_k(const float* x, float* y, long n) {
+        long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+        if (i < n / 2) y[i] = x[i] > 0.f ? x[i] : 0.f;
+    }
+    torch::Tensor relu(torch::Tensor x) {
+        auto y = torch::empty_like(x);
+        long n = x.numel();
+        relu_k<<<(n + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+        return y;
+    }
+    torch::Tensor relu_half(torch::Tensor x) {
+        auto y = torch::empty_like(x);
+        long n = x.numel();
+        half_k<<<(n + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+        return y;
+    }
+    torch::Tensor relu_aten(torch::Tensor x) { return at::relu(x); }
+    """
+    cpp_src = "torch::Tensor relu(torch::Tensor x); torch::Tensor relu_half(torch::Tensor x); torch::Tensor relu_aten(torch::Tensor x);"
+    ext = load_inline("b2_relu_ext", cpp_sources=cpp_src, cuda_sources=cuda_src,
+                      functions=["relu", "relu_half", "relu_aten"], verbose=False)
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            return ext.FN(x)
+''')
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kb")
+    (d / "ref.py").write_text(REF)
+    return d
+
+
+def solution(d, fn: str):
+    p = d / f"sol_{fn}.py"
+    p.write_text(SOLUTION.replace("FN", fn))
+    return str(p)
+
+
+@pytest.mark.gpu
+def test_cuda_single_file_verify_and_profile(files, tmp_path):
+    ref = str(files / "ref.py")
+    ok = verify_file(solution(files, "relu"), ref, "cuda", VerifyOptions(seed=1))
+    assert ok.ok, ok.message
+    half = verify_file(solution(files, "relu_half"), ref, "cuda", VerifyOptions(seed=1))
+    assert not half.ok and half.failure is FailureCategory.WRONG_RESULT and "nan" in half.message
+    # static check first; with it off the run-time guard sees the ATen call from compiled code
+    aten = verify_file(solution(files, "relu_aten"), ref, "cuda", VerifyOptions(seed=1))
+    assert aten.failure is FailureCategory.FORBIDDEN_OP and "static.kernel-torch-op" in aten.message
+    aten_rt = verify_file(solution(files, "relu_aten"), ref, "cuda", VerifyOptions(seed=1, static_checks=[]))
+    assert aten_rt.failure is FailureCategory.FORBIDDEN_OP and "runtime.compiled-code-op" in aten_rt.message
+
+    opts = ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), report_tf32_baselines=True,
+                          profiler_options={"target_ms": 50})
+    r1 = profile_file(solution(files, "relu"), ref, "cuda", opts)
+    assert r1.ok, r1.message
+    assert r1.eager and r1.compile and r1.candidate and r1.metadata["baseline_cache"] == "miss"
+    assert r1.metadata["precision_flags"]["matmul_allow_tf32"] is False
+    assert "tf32_baselines" in r1.metadata
+    r2 = profile_file(solution(files, "relu"), ref, "cuda", opts)
+    assert r2.metadata["baseline_cache"] == "hit" and r2.eager.median_ms == r1.eager.median_ms
+    tp = profile_file(solution(files, "relu"), ref, "cuda", ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"),
+                                                                         profiler="torch_profiler"))
+    assert tp.ok and tp.candidate.method == "torch_profiler"

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Timing reproducibility across processes, over every KernelBench level-1 reference (eager).
+
+Two worker processes time the same problems with two methods:
+
+* ``cuda_events`` -- our default profiler (L2 flushed, inputs rotated, launch overhead and all
+  streams counted, median over a set total time);
+* ``torch_profiler`` -- the paper's method (summed device time under torch.profiler).
+
+The workers take turns problem by problem (process A times problem i, then process B, then
+A times problem i+1 ...), so slow drift of clocks and temperature hits both alike; pass
+``--sequential`` to run all of A before all of B instead. Precision policy: TF32 off.
+
+Target: the two processes differ by at most 1% for kernels of 50 us or more, at most 3% below.
+
+    python3 scripts/gpu/repro_timing.py                  # all of level 1
+    python3 scripts/gpu/repro_timing.py --limit 10       # a quick look
+
+Prints a table per method (problems, within target, median and max difference) and the
+worst problems; writes the full results as JSON to $OUT/repro_timing.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for sub in ("packages/core/src", "packages/sandbox/src"):
+    p = str(REPO / sub)
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+METHODS = ("cuda_events", "torch_profiler")
+
+
+def find_kernelbench(arg: str | None) -> Path:
+    cands = [arg, os.environ.get("CUDA_AGENT_KERNELBENCH"), REPO.parent / "shared" / "kernelbench",
+             REPO / "shared" / "kernelbench", REPO / ".gpu" / "kernelbench"]
+    for c in cands:
+        if c and (Path(c) / "level1").is_dir():
+            return Path(c)
+    sys.exit("KernelBench not found: pass --kernelbench DIR or set CUDA_AGENT_KERNELBENCH")
+
+
+def problem_files(kb: Path, level: int, limit: int, only: str) -> list[Path]:
+    files = sorted((kb / f"level{level}").glob("*.py"), key=lambda p: int(p.name.split("_")[0]))
+    if only:
+        keep = {x.strip() for x in only.split(",")}
+        files = [f for f in files if f.name.split("_")[0] in keep or f.stem in keep]
+    return files[:limit] if limit else files
+
+
+# --- worker -------------------------------------------------------------------------------
+
+
+def worker(args) -> int:
+    import torch
+
+    from cuda_agent.sandbox.baselines import build_reference, rotation_sets
+    from cuda_agent.sandbox.precision import precision_context
+    from cuda_agent.sandbox.profilers import CudaEventsProfiler, TorchProfilerProfiler
+    from cuda_agent.sandbox.verify import load_module
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.init()
+    profilers = {
+        "cuda_events": CudaEventsProfiler(CudaEventsProfiler.Options(
+            warmup_ms=args.warmup_ms, target_ms=args.target_ms, min_iters=10, max_iters=1000)),
+        "torch_profiler": TorchProfilerProfiler(TorchProfilerProfiler.Options(
+            warmup_iters=3, target_ms=args.target_ms / 4, repeats=3, max_iters=100)),
+    }
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        path = Path(req["file"])
+        row: dict = {"problem": path.stem}
+        t0 = time.perf_counter()
+        model = sets = None
+        try:
+            with precision_context("fp32-strict"), torch.no_grad():
+                mod = load_module(path, "_repro")
+                model, _ = build_reference(mod, dev, 0)
+                sets = rotation_sets(mod.get_inputs, dev, 0, args.input_sets)
+                row["input_sets"] = len(sets)
+
+                def fn(*a):
+                    return model(*a)
+
+                for name in METHODS:
+                    t = profilers[name].time(fn, sets, dev)
+                    row[name] = {"median_ms": t.median_ms, "spread": t.spread, "iterations": t.iterations, "method": t.method}
+        except Exception as exc:  # one failing problem must not stop the benchmark
+            row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        finally:
+            del model, sets
+            gc.collect()
+            torch.cuda.empty_cache()
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+# --- driver -------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, name: str, argv: list[str]):
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"worker {name} failed to start: {line!r}")
+
+    def run(self, f: Path) -> dict:
+        self.proc.stdin.write(json.dumps({"file": str(f)}) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                return {"problem": f.stem, "error": f"worker {self.name} died (exit {self.proc.poll()})"}
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+
+
+def rel_diff(a: float, b: float) -> float:
+    return abs(a - b) / min(a, b) if min(a, b) > 0 else float("inf")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernelbench")
+    ap.add_argument("--level", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--only", default="", help="comma-separated problem ids or stems")
+    ap.add_argument("--target-ms", type=float, default=200.0, help="timed total per measurement (cuda_events)")
+    ap.add_argument("--warmup-ms", type=float, default=60.0)
+    ap.add_argument("--input-sets", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting new problems after this")
+    ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    kb = find_kernelbench(args.kernelbench)
+    files = problem_files(kb, args.level, args.limit, args.only)
+    argv = [sys.executable, __file__, "--worker", "--target-ms", str(args.target_ms), "--warmup-ms",
+            str(args.warmup_ms), "--input-sets", str(args.input_sets)]
+    t_start = time.perf_counter()
+    results: dict[str, dict] = {"A": {}, "B": {}}
+    skipped = []
+
+    def over_budget() -> bool:
+        return time.perf_counter() - t_start > args.budget_s
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    if args.sequential:
+        for name in ("A", "B"):
+            w = Worker(name, argv)
+            it = tqdm(files, desc=f"process {name}", file=sys.stderr) if tqdm else files
+            for f in it:
+                if over_budget() or (name == "B" and f.stem not in results["A"]):
+                    skipped.append(f.stem)
+                    continue
+                results[name][f.stem] = w.run(f)
+            w.close()
+    else:
+        wa, wb = Worker("A", argv), Worker("B", argv)
+        it = tqdm(files, desc="problems (A then B)", file=sys.stderr) if tqdm else files
+        for f in it:
+            if over_budget():
+                skipped.append(f.stem)
+                continue
+            results["A"][f.stem] = wa.run(f)
+            results["B"][f.stem] = wb.run(f)
+        wa.close()
+        wb.close()
+
+    # compare
+    rows = []
+    for stem, ra in results["A"].items():
+        rb = results["B"].get(stem)
+        if rb is None:
+            continue
+        row = {"problem": stem, "error": ra.get("error") or rb.get("error")}
+        for m in METHODS:
+            if m in ra and m in rb:
+                a, b = ra[m]["median_ms"], rb[m]["median_ms"]
+                limit = 0.01 if min(a, b) >= 0.05 else 0.03
+                d = rel_diff(a, b)
+                row[m] = {"a_ms": a, "b_ms": b, "diff": d, "limit": limit, "ok": d <= limit,
+                          "spread_a": ra[m]["spread"], "spread_b": rb[m]["spread"], "method_a": ra[m]["method"]}
+        rows.append(row)
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
+    summary = {}
+    for m in METHODS:
+        ds = [r[m]["diff"] for r in rows if m in r]
+        ok = [r for r in rows if m in r and r[m]["ok"]]
+        summary[m] = {
+            "timed": len(ds),
+            "within_target": len(ok),
+            "median_diff_pct": 100 * statistics.median(ds) if ds else None,
+            "max_diff_pct": 100 * max(ds) if ds else None,
+        }
+    errors = [r for r in rows if r.get("error")]
+    wall = time.perf_counter() - t_start
+    out = {"gpu": gpu, "torch": torch.__version__, "level": args.level, "problems": len(files),
+           "skipped_for_budget": skipped, "wall_s": round(wall, 1), "mode": "sequential" if args.sequential else "interleaved",
+           "summary": summary, "rows": rows, "raw": results}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["OUT"]) / "repro_timing.json").write_text(json.dumps(out, indent=1))
+
+    print()
+    print(f"Timing reproducibility, KernelBench level {args.level} references (eager, TF32 off), {gpu}, torch {torch.__version__}")
+    print(f"two processes, {out['mode']}; target: diff <= 1% (>= 50 us), <= 3% (< 50 us); wall {wall:.0f} s")
+    if skipped:
+        print(f"skipped for the time budget: {len(skipped)}")
+    if errors:
+        print(f"problems that failed to run: {len(errors)} ({', '.join(r['problem'] for r in errors[:5])}{'...' if len(errors) > 5 else ''})")
+    print()
+    print(f"{'method':<16}{'timed':>7}{'within':>8}{'median diff':>13}{'max diff':>10}")
+    for m in METHODS:
+        s = summary[m]
+        med = f"{s['median_diff_pct']:.3f}%" if s["median_diff_pct"] is not None else "-"
+        mx = f"{s['max_diff_pct']:.3f}%" if s["max_diff_pct"] is not None else "-"
+        print(f"{m:<16}{s['timed']:>7}{s['within_target']:>8}{med:>13}{mx:>10}")
+    worst = sorted((r for r in rows if "cuda_events" in r), key=lambda r: -r["cuda_events"]["diff"])[:8]
+    if worst:
+        print()
+        print(f"{'worst (cuda_events)':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}")
+        for r in worst:
+            c = r["cuda_events"]
+            t = r.get("torch_profiler", {})
+            tp = f"{t['a_ms']:.4g}" if t else "-"
+            td = f"{100 * t['diff']:.2f}%" if t else "-"
+            print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
