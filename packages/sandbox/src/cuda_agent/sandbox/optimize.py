@@ -244,7 +244,7 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
         env = CudaEnvironment(
             task, out_dir / "workspace", _env_options(cfg, backend),
             compiler=_compiler_for(cfg, backend),
-            sandbox=cfg.get("sandbox"),
+            sandbox=_sandbox_spec(cfg, pm),
             executor=cfg.get("executor"),
             reward=cfg.get("reward"),
             service_options=cfg.get("service"),
@@ -295,9 +295,17 @@ def _default_out(stem: str) -> Path:
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-optimize-{stem}"
 
 
-def demo_paths() -> tuple[Path, Path]:
+def demo_paths(backend: str = "cpu") -> tuple[Path, Path]:
+    """The bundled example and the recorded episode for ``backend``."""
     base = Path(str(resources.files("cuda_agent.sandbox").joinpath(DEMO_DIR)))
-    return base / "model.py", base / "trajectory.json"
+    return base / "model.py", base / ("trajectory_cuda.json" if backend == "cuda" else "trajectory.json")
+
+
+def _sandbox_spec(cfg: Any, pm: Any) -> Any:
+    node = cfg.get("sandbox") if hasattr(cfg, "get") else None
+    if node is not None:
+        return node
+    return {"name": "local"} if "local" in pm.components("sandbox") else None
 
 
 # --- click commands ---------------------------------------------------------------------------
@@ -353,17 +361,25 @@ def register(cli: Any) -> None:
 
     @cli.command("demo", context_settings={"ignore_unknown_options": True})
     @click.argument("args", nargs=-1)
+    @click.option("--backend", default="auto", type=click.Choice(["auto", "cuda", "cpu"]),
+                  help="auto: CUDA when a GPU is usable, else the CPU backend.")
     @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
                   help="Output folder (default: runs/<time>-optimize-demo).")
     @click.option("--quiet", is_flag=True, help="No progress line.")
-    def demo_cmd(args, out, quiet):
+    def demo_cmd(args, backend, out, quiet):
         """Replay a recorded agent episode on a bundled example, for real: the kernel it
-        writes is compiled, verified and profiled here (CPU backend, local sandbox)."""
-        model_path, recording = demo_paths()
+        writes is compiled, verified and profiled here (local sandbox; the CPU backend where
+        there is no GPU). ARGS are config files and key=value overrides."""
+        backend = detect_backend(backend)
+        model_path, recording = demo_paths(backend)
+        compiler = json.loads(recording.read_text()).get("compiler")
         files, overrides = split_args(args)
-        defaults = ["policy.name=replay", f"policy.options.path={recording}", "backend=cpu"]
+        defaults = ["policy.name=replay", f"policy.options.path={recording}", f"backend={backend}"]
+        if compiler:
+            defaults.append(f"compiler.name={compiler}")
         cfg = compose(files, defaults + overrides)
-        task = Task(id="demo", source="demo", code=model_path.read_text(), name="fused hard-swish + affine (CPU)")
+        task = Task(id="demo", source="demo", code=model_path.read_text(),
+                    name=f"fused hard-swish + affine ({backend.upper()})")
         rep = run_optimize(cfg, task, out or _default_out("demo"), model_path=model_path, progress=not quiet,
                            command="demo")
         click.echo(_summary(rep))
