@@ -144,6 +144,8 @@ def overrides(tmp: Path) -> list[str]:
         f"run.output_dir={tmp / 'runs'}",
         "eval.workers=2",
         "logging.console=false",
+        f"eval.profile.options.baseline_cache_dir={tmp / 'baseline-cache'}",
+        "executor.options.recycle=on_error",  # one warm worker serves the jobs (tests only)
     ]
 
 
@@ -184,7 +186,9 @@ def test_score_folder_on_cpu(setup):
 
 def test_cli_resume_after_kill(setup):
     env = dict(os.environ, CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1")
-    cmd = [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "eval.workers=1"]
+    # no baselines: this test is about resuming, not timing
+    cmd = [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "eval.workers=1",
+           "eval.profile.options.baselines=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     runs = setup / "runs"
     deadline = time.time() + 120
@@ -204,7 +208,8 @@ def test_cli_resume_after_kill(setup):
     assert 2 <= len(first) < 5
     run_dir = results.parent
     res = subprocess.run(
-        [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "--resume", str(run_dir)],
+        [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "eval.profile.options.baselines=false",
+         "--resume", str(run_dir)],
         capture_output=True,
         text=True,
         env=env,

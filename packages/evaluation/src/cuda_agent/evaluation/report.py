@@ -47,11 +47,26 @@ FAILURE_LABELS = {
     "crash": "crash",
     "missing": "no solution",
 }
+# metadata keys of verification/profiling results -> environment entries
+ENV_FROM_JOBS = {
+    "precision_policy": "precision",
+    "profiler": "profiler",
+    "gpu": "gpu",
+    "device": "device",
+    "cpu": "cpu",
+    "torch": "torch",
+    "cuda": "cuda",
+    "driver": "driver",
+    "triton": "triton",
+}
 ENV_LABELS = [
     ("precision", "precision policy"),
     ("profiler", "profiler"),
     ("gpu", "GPU"),
     ("device", "device"),
+    ("cpu", "CPU"),
+    ("backend", "backend"),
+    ("executor", "executor"),
     ("torch", "torch"),
     ("cuda", "CUDA"),
     ("triton", "triton"),
@@ -114,21 +129,20 @@ def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None =
     torch_v = _version("torch")
     if torch_v:
         env["torch"] = torch_v
-    # what the measuring jobs reported (first value seen for each key)
+    # what the measuring jobs reported, for the keys that describe the setup
     seen: dict[str, set] = {}
     for r in results:
         for part in ("profile", "verify"):
             md = (r.metadata or {}).get(part) or {}
             for key, value in md.items():
+                name = ENV_FROM_JOBS.get(key)
+                if name is None or value is None:
+                    continue
                 if isinstance(value, dict):
                     value = value.get("key") or value.get("name") or json.dumps(value, sort_keys=True, default=str)
-                if isinstance(value, (str, int, float, bool)) or value is None:
-                    seen.setdefault(key, set()).add(value)
+                seen.setdefault(name, set()).add(str(value))
     for key, values in seen.items():
-        values.discard(None)
-        if not values:
-            continue
-        env[key] = sorted(map(str, values))[0] if len(values) == 1 else " | ".join(sorted(map(str, values)))
+        env[key] = " | ".join(sorted(values))
     for key, value in (extra or {}).items():
         if value is not None and value != "":
             env.setdefault(key, value)

@@ -238,6 +238,10 @@ class SolutionScorer:
         finally:
             if not self.o.keep_workspaces:
                 remove_workspace(dest)
+                try:
+                    dest.parent.rmdir()  # the task's folder, once its last sample is gone
+                except OSError:
+                    pass
         r = result_from_outcome(task.id, outcome, level=task.level, name=task.name, source=str(sol.path))
         r.metadata["form"] = sol.form
         r.seconds = time.perf_counter() - t0
