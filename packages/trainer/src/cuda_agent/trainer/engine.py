@@ -155,8 +155,10 @@ class ModelEngine:
         self.device = resolve_device(options)
         if options.gradient_checkpointing:
             target = getattr(model, "backbone", model)
-            if hasattr(target, "gradient_checkpointing_enable"):
-                target.gradient_checkpointing_enable()
+            for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
+                if hasattr(target, name):
+                    getattr(target, name)()
+                    break
 
     def _optimizer(self, params) -> torch.optim.Optimizer:
         o = self.options

@@ -56,10 +56,17 @@ class ValueModel(nn.Module):
 
         if not Path(path).exists():
             raise ConfigError(f"critic folder not found: {path}")
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the causal LM's lm_head is expected to be left out
         try:
-            backbone = AutoModel.from_pretrained(str(path), dtype=torch_dtype(dtype))
-        except TypeError:
-            backbone = AutoModel.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+            try:
+                backbone = AutoModel.from_pretrained(str(path), dtype=torch_dtype(dtype))
+            except TypeError:
+                backbone = AutoModel.from_pretrained(str(path), torch_dtype=torch_dtype(dtype))
+        finally:
+            hf_logging.set_verbosity(verbosity)
         model = cls(backbone, backbone.config.hidden_size).to(torch_dtype(dtype))
         head = Path(path) / VALUE_HEAD
         if head.exists():

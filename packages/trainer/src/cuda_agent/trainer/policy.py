@@ -27,7 +27,8 @@ class ActorPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, device: Any = None, max_batch: int = 64,
                  temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 512,
-                 stop_tokens: tuple[str, ...] = ("<|im_end|>",), gather_ms: float = 5.0, seed: int = 0):
+                 stop_tokens: tuple[str, ...] = ("<|im_end|>",), gather_ms: float = 5.0, seed: int = 0,
+                 autocast_dtype: torch.dtype | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device or next(model.parameters()).device
@@ -49,6 +50,7 @@ class ActorPolicy:
         self._lock = threading.Lock()
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
         self.seed = seed
+        self.autocast_dtype = autocast_dtype  # e.g. bfloat16: generate under autocast on CUDA
 
     # -- the agent loop's interface -------------------------------------------------
 
@@ -105,7 +107,12 @@ class ActorPolicy:
                           use_cache=True)
             if not greedy:
                 kwargs.update(temperature=temp, top_p=top_p, top_k=0)
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
+            dev = torch.device(self.device)
+            if self.autocast_dtype is not None and dev.type == "cuda":
+                with torch.autocast("cuda", dtype=self.autocast_dtype):
+                    out = self.model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), **kwargs)
+            else:
+                out = self.model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), **kwargs)
             if was_training:
                 self.model.train()
             seqs = out.sequences[:, L:].cpu()

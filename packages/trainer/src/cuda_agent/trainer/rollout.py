@@ -95,6 +95,7 @@ def rollout_metrics(trajs: list[Trajectory], max_tokens_per_turn: int | None = N
         "turns/mean": statistics.fmean(len(t.turns) for t in trajs),
         "turns/max": max(len(t.turns) for t in trajs),
         "response/length_mean": statistics.fmean(len(t.response_ids) for t in trajs),
+        "prompt/length_mean": statistics.fmean(len(t.prompt_ids) for t in trajs),
         "response/model_tokens_mean": statistics.fmean(sum(t.loss_mask) for t in trajs),
         "response/clipped_ratio": sum(1 for t in trajs if t.finish_reason == "context") / len(trajs),
     }

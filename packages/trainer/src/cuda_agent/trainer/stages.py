@@ -78,7 +78,8 @@ def _plain(x: Any) -> Any:
 class StageRunner:
     """Runs ``trainer.stages`` of a composed config inside a :class:`~cuda_agent.core.run.Run`."""
 
-    def __init__(self, cfg: Any, run: Any, pm: Any = None, trackers: list | None = None, show_progress: bool = True):
+    def __init__(self, cfg: Any, run: Any, pm: Any = None, trackers: list | None = None, show_progress: bool = True,
+                 tasks: Any = None, environment: Any = None):
         from cuda_agent.core.plugins import get_plugin_manager
 
         self.cfg = cfg
@@ -96,6 +97,8 @@ class StageRunner:
         self.engine_options = self._engine_options()
         self.trackers = trackers if trackers is not None else self._trackers()
         self.show_progress = show_progress
+        self.task_sampler = tasks  # optional callable (n, rng) -> list[Task], replaces the dataset
+        self.environment = environment  # optional environment factory, replaces trainer.environment
         self.global_step = 0
         self.history: list[dict] = []
 
@@ -151,6 +154,8 @@ class StageRunner:
     def _env_factory(self, stage: StageSpec | None) -> Any:
         from .envs import make_environment_factory
 
+        if self.environment is not None:
+            return self.environment
         spec = (stage.environment if stage is not None and stage.environment else None) or self.tc.get("environment")
         if not spec or not spec.get("name"):
             raise ConfigError("trainer.environment needs a name (toy or cuda)")
@@ -160,6 +165,8 @@ class StageRunner:
         return factory
 
     def _tasks(self, stage: StageSpec, factory: Any) -> Any:
+        if self.task_sampler is not None:
+            return self.task_sampler
         spec = stage.dataset or self.tc.get("dataset")
         if spec and spec.get("name"):
             ds = self.pm.create("dataset", spec, where="trainer.dataset")
@@ -252,7 +259,9 @@ class StageRunner:
             policy = self._policy(actor, tokenizer, stage)
         agent_options = self._agent_options(stage)
         samples = stage.samples_per_task or int(getattr(o, "group_size", 1) or 1)
-        every = int(stage.checkpoint_every or (self.tc.get("checkpoint") or {}).get("every", 1) or 1)
+        every = stage.checkpoint_every if stage.checkpoint_every is not None else \
+            (self.tc.get("checkpoint") or {}).get("every", 1)
+        every = int(every if every is not None else 1)  # 0: no step checkpoints (benchmarks)
         keep = int((self.tc.get("checkpoint") or {}).get("keep", 2))
         critic_warmup = int(getattr(o, "critic_warmup_steps", 0) or 0)
         stage_offset = self.global_step
@@ -300,7 +309,7 @@ class StageRunner:
                 kept, _ = algo.select(trajs)
                 save_trajectories(kept, sdir / "kept" / f"step-{step:06d}.jsonl")
             last = step == stage.steps - 1
-            if (step + 1) % every == 0 or last:
+            if every > 0 and ((step + 1) % every == 0 or last):
                 self._save(ckpt.step_dir(sdir, step), actor if algo.trains_actor else None,
                            critic if algo.trains_critic else None, tokenizer, {"stage": index, "step": step,
                                                                                "metrics": metrics})
@@ -316,7 +325,7 @@ class StageRunner:
                         if (last[1] / what).exists():
                             shutil.copytree(last[1] / what, tmp / what)
         self.global_step = stage_offset + stage.steps
-        if hasattr(factory, "close"):
+        if hasattr(factory, "close") and self.environment is None:
             factory.close()
         del trainer, actor, critic, reference, policy
         if torch.cuda.is_available():
@@ -332,7 +341,8 @@ class StageRunner:
         return ActorPolicy(actor.module, tokenizer, device=actor.device, max_batch=int(r.get("max_batch", 64)),
                            temperature=float(r.get("temperature", 1.0)), top_p=float(r.get("top_p", 1.0)),
                            max_new_tokens=int(agent.get("max_tokens_per_turn", r.get("max_new_tokens", 512))),
-                           seed=self.seed)
+                           seed=self.seed, autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(
+                               self.engine_options.mixed_precision))
 
     def _agent_options(self, stage: StageSpec) -> Any:
         from cuda_agent.core.agent import AgentOptions

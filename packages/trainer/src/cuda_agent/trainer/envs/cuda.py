@@ -14,6 +14,7 @@ class CudaEnvironmentFactory:
         from cuda_agent.sandbox.environment import EnvironmentOptions
 
         self.env_options = EnvironmentOptions(**env_options)
+        self._explicit = bool(env_options)  # options given here win over the run config's environment:
         self.workdir = workdir
         self.keep = keep_workspaces
         self._tmp = None
@@ -43,16 +44,25 @@ class CudaEnvironmentFactory:
         return Path(self._tmp.name)
 
     def make(self, task: Any, dest: Path | None = None) -> Any:
-        from cuda_agent.sandbox.environment import CudaEnvironment
+        from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions, detect_backend
 
+        opts = self.env_options
+        if self.cfg is not None and "environment" in self.cfg and not self._explicit:
+            base = {k: v for k, v in (self._spec("environment") or {}).items()
+                    if k in {f for f in EnvironmentOptions.__dataclass_fields__}}
+            if "backend" in self.cfg and "backend" not in base:
+                base["backend"] = self.cfg.backend
+            opts = EnvironmentOptions(**base)
         if self.executor is None:
             spec = self._spec("executor")
             if spec and spec.get("name"):
+                if detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
+                    spec = {"name": "cpu"}
                 self.executor = self.pm.create("executor", spec, where="executor")
         dest = dest or self._root() / f"{task.id.replace('/', '_')}-{uuid.uuid4().hex[:8]}"
-        return CudaEnvironment(task, dest, self.env_options, compiler=self._spec("compiler"),
-                               sandbox=self._spec("sandbox"), executor=self.executor, reward=self._spec("reward"),
-                               pm=self.pm)
+        return CudaEnvironment(task, dest, opts, compiler=self._spec("compiler"), sandbox=self._spec("sandbox"),
+                               executor=self.executor, reward=self._spec("reward"),
+                               service_options=self._spec("service"), pm=self.pm)
 
     def close(self) -> None:
         if self.executor is not None and hasattr(self.executor, "close"):
