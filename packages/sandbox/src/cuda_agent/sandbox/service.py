@@ -185,7 +185,7 @@ def profile_text(p: ProfileResult, reward: RewardResult | None = None, verify: V
                  compile_result: CompileResult | None = None) -> str:
     if not p.ok:
         if verify is not None and not verify.ok:
-            return "PROFILE SKIPPED: the candidate is not correct.\n" + verify_text(verify, compile_result)
+            return verify_text(verify, compile_result) + "\nPROFILE SKIPPED: not timed until it verifies."
         msg = p.message.strip() or "no details"
         lines = [f"PROFILE FAILED ({p.failure.value.replace('_', ' ')}): {msg.splitlines()[0]}"]
         tail = _details_tail(str(p.metadata.get("details", "")))
@@ -205,8 +205,6 @@ def profile_text(p: ProfileResult, reward: RewardResult | None = None, verify: V
         text += " -> " + ", ".join(sp)
     if reward is not None:
         text += f" (reward {reward.value:g})"
-    if p.message:
-        text += "\n  " + p.message.strip().splitlines()[0]
     return text
 
 
