@@ -1,0 +1,1 @@
+"""Task synthesis: seed operators, composers, filters, decontamination and the pipeline."""
