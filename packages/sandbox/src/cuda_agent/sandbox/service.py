@@ -486,6 +486,11 @@ class WorkspaceService:
         try:
             return self._compile_executor().submit(job).result()
         except JobError as exc:
+            if exc.reason == "invalid":  # the compiler object cannot travel to a worker: build here
+                try:
+                    return self.compiler.build(self.root)
+                except CudaAgentError as err:
+                    return CompileResult(ok=False, errors=[err.one_line()], seconds=time.monotonic() - t0)
             if exc.reason == "timeout":
                 msg = f"compile {exc.message} (a template or loop too large to build?)"
             elif exc.reason == "oom":
