@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MS_RDONLY = 1
@@ -103,6 +104,9 @@ def main():
         os.setgid(gid)
         os.setuid(uid)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    for sig in ("SIGPIPE", "SIGXFSZ", "SIGXCPU"):  # Python ignores these; the agent's tools must not
+        if hasattr(signal, sig):
+            signal.signal(getattr(signal, sig), signal.SIG_DFL)
     os.umask(0o007)
     os.chdir(cfg["cwd"])
     try:

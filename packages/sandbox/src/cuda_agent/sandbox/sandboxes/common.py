@@ -204,19 +204,31 @@ class DiskWatchdog:
         self.on_exceed = on_exceed
         self.period = period
         self.exceeded = False
+        self.fired = 0  # how many times the session was killed for its size
+        self._fired_at = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, name="disk-watchdog", daemon=True)
         if limit_mb > 0:
             self._t.start()
 
     def check(self) -> bool:
-        if tree_size(self.root, self.limit) > self.limit:
-            if not self.exceeded:
-                self.exceeded = True
-                self.on_exceed()
-            return True
-        self.exceeded = False
-        return False
+        """Kill the session when the workspace passes the limit, and again each time it grows
+        further while over it (commands that only delete files may run)."""
+        if self.limit <= 0:
+            return False
+        with self._lock:
+            size = tree_size(self.root, self.limit + (64 << 20) + self._fired_at)
+            if size > self.limit:
+                if not self.exceeded or size > self._fired_at + (8 << 20):
+                    self.exceeded = True
+                    self._fired_at = size
+                    self.fired += 1
+                    self.on_exceed()
+                return True
+            self.exceeded = False
+            self._fired_at = 0
+            return False
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):

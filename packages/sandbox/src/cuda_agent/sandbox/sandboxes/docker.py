@@ -85,7 +85,7 @@ class DockerProcess:
         api = session.client.api
         self.tag = uuid.uuid4().hex[:12]
         pidfile = f"{PIDS}/{self.tag}"
-        wrapped = ["setsid", "-w", "sh", "-c", f'mkdir -p {PIDS}; echo $$ > {pidfile}; exec "$@"', "sh", *argv]
+        wrapped = ["setsid", "-w", "sh", "-c", f'mkdir -p {PIDS}; echo $$ > {pidfile}; "$@"; exit $?', "sh", *argv]
         self.exec_id = api.exec_create(session.container.id, wrapped, stdin=True, stdout=True, stderr=True,
                                        tty=False, environment=env, workdir=MOUNT,
                                        user=session.user)["Id"]
@@ -274,12 +274,15 @@ class DockerSession(SandboxSession):
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
         restarts = self.restarts
+        self.watchdog.check()
+        fired = self.watchdog.fired
         proc = self.spawn(["/bin/bash", "--noprofile", "--norc", "-c", command], env=env)
         proc.stdin.close()
         output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
-                                    stop=lambda: self.watchdog.exceeded)
+                                    stop=lambda: self.watchdog.fired != fired)
         code = None
-        if timed_out or self.watchdog.exceeded:
+        killed_for_disk = self.watchdog.fired != fired
+        if timed_out or killed_for_disk:
             proc.kill()
         else:
             with contextlib.suppress(Exception):
@@ -292,13 +295,14 @@ class DockerSession(SandboxSession):
         msgs = []
         if timed_out:
             msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
-        if self.watchdog.exceeded:
+        if killed_for_disk:
             msgs.append(f"[sandbox] the workspace grew past its disk limit of {self.options.disk_mb} MB; "
                         "the command was killed: delete large files")
         if code is not None and code in (128 + 25, -25):
             msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {self.options.file_size_mb} MB")
         if code == 137 and not timed_out:
-            msgs.append("[sandbox] killed (out of memory or a resource limit)")
+            msgs.append(f"[sandbox] killed: out of memory (the sandbox has {self.options.memory_mb} MB) "
+                        "or another resource limit")
         if msgs:
             output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)

@@ -232,11 +232,14 @@ class LocalSession(SandboxSession):
 
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
+        self.watchdog.check()
+        fired = self.watchdog.fired
         proc = self.spawn(["/bin/bash", "--noprofile", "--norc", "-c", command], env=env)
         proc.stdin.close()
         output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
-                                    stop=lambda: self.watchdog.exceeded)
-        if timed_out or self.watchdog.exceeded:
+                                    stop=lambda: self.watchdog.fired != fired)
+        killed_for_disk = self.watchdog.fired != fired
+        if timed_out or killed_for_disk:
             proc.kill()
             code = None
         else:
@@ -246,17 +249,17 @@ class LocalSession(SandboxSession):
                 proc.kill()
                 code = None
         self._forget(proc)
-        notes = self.explain(code, timed_out, timeout)
+        notes = self.explain(code, timed_out, timeout, killed_for_disk)
         if notes:
             output = (output.rstrip("\n") + "\n" if output else "") + notes
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
 
-    def explain(self, code: int | None, timed_out: bool, timeout: float) -> str:
+    def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False) -> str:
         o = self.options
         msgs = []
         if timed_out:
             msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
-        if self.watchdog.exceeded:
+        if killed_for_disk:
             msgs.append(f"[sandbox] the workspace grew past its disk limit of {o.disk_mb} MB; "
                         "the command was killed: delete large files")
         if code is not None:
@@ -266,7 +269,8 @@ class LocalSession(SandboxSession):
             elif sig == signal.SIGXCPU:
                 msgs.append(f"[sandbox] CPU time limit of {o.cpu_s} s exceeded")
             elif sig == signal.SIGKILL and not timed_out:
-                msgs.append("[sandbox] killed (out of memory or a resource limit)")
+                msgs.append(f"[sandbox] killed: out of memory (each process may use {o.memory_mb} MB) "
+                            "or another resource limit")
         return "\n".join(msgs)
 
     def _disk_exceeded(self) -> None:

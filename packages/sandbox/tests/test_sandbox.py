@@ -1,0 +1,295 @@
+"""Escape attempts against both sandboxes, each refused with a clear message while the
+host stays healthy: writing protected files, reading another workspace, opening a
+network connection, a fork bomb, filling the disk, exhausting memory, outliving a timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from cuda_agent.core.plugins import get_plugin_manager
+from cuda_agent.core.types import Task
+from cuda_agent.sandbox.sandboxes import DockerSandbox, LocalSandbox
+from cuda_agent.sandbox.sandboxes.common import is_root
+from cuda_agent.sandbox.workspace import create_workspace
+
+TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(8)]
+
+def get_init_inputs():
+    return []
+"""
+
+LIMITS = dict(file_size_mb=16, tmp_mb=16, disk_mb=48, max_output_kb=64)
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_image():
+    """The sandbox image, built once if missing (CI builds it before the tests)."""
+    if not docker_available():
+        pytest.skip("no Docker engine reachable")
+    from cuda_agent.sandbox.sandboxes.image import DEFAULT_IMAGE, build_image
+
+    try:
+        build_image(DEFAULT_IMAGE, log=lambda *_: None)
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"cannot build the sandbox image: {exc}")
+    return DEFAULT_IMAGE
+
+
+@pytest.fixture(params=["local", "docker"])
+def kind(request):
+    if request.param == "docker":
+        request.getfixturevalue("docker_image")
+    return request.param
+
+
+def make_sandbox(kind: str, **extra):
+    if kind == "local":
+        return LocalSandbox(LocalSandbox.Options(nproc=64, memory_mb=1024, **LIMITS, **extra))
+    return DockerSandbox(DockerSandbox.Options(pids=64, memory_mb=512, **LIMITS, **extra))
+
+
+def workspace(tmp_path, name="ws"):
+    return create_workspace(Task(id="t", source="test", code=TASK), tmp_path / name, backend="cpu")
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return workspace(tmp_path)
+
+
+def test_plugins_registered():
+    comps = get_plugin_manager().components("sandbox")
+    assert {"local", "docker"} <= set(comps)
+
+
+def test_commands_and_persistent_shell(kind, ws):
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        r = s.run("echo hello > kernels/a.cpp && cat kernels/a.cpp && pwd && python3 -c 'print(6*7)'")
+        assert r.exit_code == 0, r.output
+        assert "hello" in r.output and "42" in r.output
+        assert (ws.root / "kernels" / "a.cpp").read_text() == "hello\n"
+        assert s.run("exit 3").exit_code == 3
+        p = s.spawn(["bash", "--noprofile", "--norc"])
+        p.stdin.write(b"cd kernels; echo in-$(basename $PWD)\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        assert line.strip() == b"in-kernels"
+        assert p.poll() is None
+        p.kill()
+        assert p.poll() is not None
+
+
+def test_host_environment_does_not_leak(kind, ws, monkeypatch):
+    monkeypatch.setenv("CUDA_AGENT_TEST_SECRET", "s3cret")
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        r = s.run("env", env={"MINE": "1"})
+        assert "s3cret" not in r.output and "MINE=1" in r.output
+        assert "CUDA_AGENT_SERVICE=" in r.output
+
+
+def test_protected_files_cannot_be_changed(kind, ws):
+    before = {p: (ws.root / p).read_bytes() for p in ("model.py", "SKILL.md", "tools/verify.py", "cuda_agent_runtime.py")}
+    attempts = [
+        "echo hacked > model.py",
+        "echo hacked >> SKILL.md",
+        "rm -f model.py",
+        "mv model.py m.py",
+        "chmod u+w model.py && echo hacked > model.py",
+        "rm -rf tools",
+        "echo x > tools/verify.py",
+        "touch tools/new.py",
+        "ln -sf /etc/passwd cuda_agent_runtime.py",
+        "echo x > .cuda_agent/build/manifest.json",
+    ]
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        for cmd in attempts:
+            r = s.run(cmd)
+            assert r.exit_code != 0, (cmd, r.output)
+            assert any(m in r.output for m in ("Permission denied", "Read-only file system",
+                                               "Operation not permitted")), (cmd, r.output)
+        assert s.run("echo ok > model_new.py && echo ok > kernels/k.cpp").exit_code == 0
+    for p, data in before.items():
+        assert (ws.root / p).read_bytes() == data, p
+    assert not (ws.root / "tools" / "new.py").exists()
+
+
+def test_other_workspace_cannot_be_read(kind, tmp_path):
+    mine = workspace(tmp_path, "mine")
+    other = workspace(tmp_path, "other")
+    (other.root / "kernels" / "secret.cpp").write_text("TOP-SECRET")
+    sb = make_sandbox(kind)
+    with sb.open(other.root, other.protected), sb.open(mine.root, mine.protected) as s:
+        for cmd in (f"cat {other.root}/kernels/secret.cpp", f"ls {other.root}", f"cat {other.root}/model.py",
+                    "cat ../other/kernels/secret.cpp"):
+            r = s.run(cmd)
+            assert r.exit_code != 0 and "TOP-SECRET" not in r.output, (cmd, r.output)
+            assert "No such file" in r.output or "Permission denied" in r.output, r.output
+
+
+@pytest.mark.skipif(not is_root(), reason="separate user ids need root")
+def test_other_workspace_refused_by_permissions_even_when_visible(tmp_path):
+    """Local sandbox: with the other workspace's path mounted in view, its own user id and
+    mode 1770 still refuse access."""
+    mine = workspace(tmp_path, "mine")
+    other = workspace(tmp_path, "other")
+    (other.root / "kernels" / "secret.cpp").write_text("TOP-SECRET")
+    sb = make_sandbox("local", expose=[str(other.root)])
+    with sb.open(other.root, other.protected), sb.open(mine.root, mine.protected) as s:
+        r = s.run(f"ls -ld {other.root}; cat {other.root}/kernels/secret.cpp")
+        assert "TOP-SECRET" not in r.output and "Permission denied" in r.output, r.output
+
+
+@pytest.fixture
+def tcp_server():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(5)
+    srv.settimeout(0.2)
+    hits = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, addr = srv.accept()
+                hits.append(addr)
+                conn.close()
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], hits
+    stop.set()
+    t.join(1)
+    srv.close()
+
+
+def host_ip() -> str:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.255.255.255", 1))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        s.close()
+
+
+def test_no_network(kind, ws, tcp_server):
+    port, hits = tcp_server
+    # the server is reachable from the host itself
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    deadline = time.time() + 2
+    while not hits and time.time() < deadline:
+        time.sleep(0.05)
+    assert hits
+    hits.clear()
+    code = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('CONNECTED')"
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        for host in ("127.0.0.1", host_ip(), "1.1.1.1"):
+            r = s.run(f'python3 -c "{code}" {host} {port}', timeout=20)
+            assert r.exit_code != 0 and "CONNECTED" not in r.output, (host, r.output)
+            assert any(m in r.output for m in ("unreachable", "refused", "timed out")), r.output
+    assert hits == []
+
+
+def test_fork_bomb_is_contained(kind, ws):
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        t0 = time.monotonic()
+        r = s.run("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=8)
+        assert time.monotonic() - t0 < 30
+        assert r.timed_out or r.exit_code != 0
+        assert "Resource temporarily unavailable" in r.output or "timed out" in r.output, r.output[-500:]
+        # the host still starts processes, and so does the sandbox
+        assert subprocess.run(["true"]).returncode == 0
+        r2 = s.run("echo alive", timeout=30)
+        assert r2.exit_code == 0 and "alive" in r2.output, r2.output
+        if kind == "local" and is_root():
+            uid = s.lease.uid
+            deadline = time.time() + 5
+            while True:  # SIGKILLed processes vanish asynchronously
+                left = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == uid]
+                if not left or time.time() > deadline:
+                    break
+                time.sleep(0.1)
+            assert left == [], [_cmdline(p) for p in left]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode() + " " + open(f"/proc/{pid}/stat").read().split()[2]
+    except OSError:
+        return "?"
+
+
+def _uid_of(pid: str):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def test_timeout_kills_the_command_and_its_children(kind, ws):
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        r = s.run("(sleep 60; echo late > kernels/late.txt) & sleep 60", timeout=1.5)
+        assert r.timed_out and r.exit_code is None and "timed out" in r.output
+        time.sleep(0.5)
+        r2 = s.run("ps -eo args | grep -c '^sleep 60' || true")
+        assert r2.output.strip().splitlines()[0] == "0", r2.output
+
+
+def test_filling_the_disk_is_refused(kind, ws):
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        # one big file: the file-size limit
+        r = s.run("head -c 40M /dev/zero > kernels/big.bin; echo rc=$?")
+        assert "rc=0" not in r.output
+        assert "File size limit exceeded" in r.output or "file size limit" in r.output, r.output
+        assert (ws.root / "kernels" / "big.bin").stat().st_size <= 16 * 1024 * 1024
+        s.run("rm -f kernels/big.bin")
+        # scratch space is a small private tmpfs
+        r = s.run("head -c 12M /dev/zero > /tmp/a && head -c 12M /dev/zero > /tmp/b; echo rc=$?")
+        assert "No space left on device" in r.output and "rc=0" not in r.output, r.output
+        # many files under the size limit: the workspace disk watchdog stops the session
+        r = s.run("for i in $(seq 1 20); do head -c 8M /dev/zero > kernels/f$i.bin; sleep 0.2; done; echo finished",
+                  timeout=60)
+        assert "finished" not in r.output and "disk limit" in r.output, r.output
+        s.run("rm -f kernels/*.bin")
+        assert s.run("echo fine").exit_code == 0
+    total = sum(p.stat().st_size for p in ws.root.rglob("*") if p.is_file())
+    assert total < 64 * 1024 * 1024
+
+
+def test_memory_is_limited(kind, ws):
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        r = s.run("python3 -c \"b = bytearray(3 * 1024**3); b[::4096] = b'x' * len(b[::4096]); print('ALLOCATED')\"",
+                  timeout=60)
+        assert "ALLOCATED" not in r.output and r.exit_code != 0
+        assert "MemoryError" in r.output or "killed" in r.output, r.output
