@@ -125,7 +125,7 @@ def test_recycle_always_gives_each_job_a_fresh_process():
 
 
 def test_recycle_never_keeps_the_worker():
-    e = cpu(workers=1, recycle="never", spare=False)
+    e = cpu(workers=1, recycle="never", spares=0)
     try:
         pid1 = e.run(Job(S + "set_global", {"value": "kept"}))
         assert e.run(Job(S + "get_global")) == "kept"
@@ -286,3 +286,19 @@ def test_error_descriptions():
     assert classify_exception("RuntimeError", "CUDA error: device-side assert triggered") == "cuda_error"
     assert classify_exception("AcceleratorError", "anything") == "cuda_error"
     assert classify_exception("ValueError", "shapes differ") == "exception"
+
+
+def test_spares_wait_warm_and_replace_used_workers():
+    e = cpu(workers=1, spares=2)
+    try:
+        e.start()
+        time.sleep(1.0)
+        pids = e.pool.worker_pids()["cpu0"]
+        assert len(pids) == 3  # the active worker and two spares
+        r = e.run(Job(S + "echo"))
+        assert r["pid"] == pids[0]
+        time.sleep(0.5)
+        after = e.pool.worker_pids()["cpu0"]
+        assert len(after) == 3 and pids[0] not in after and after[0] == pids[1]
+    finally:
+        e.close()

@@ -384,7 +384,7 @@ class WorkspaceService:
                 name="compile",
                 default_timeout=self.options.compile_timeout,
                 recycle="never",
-                spare=False,
+                spares=0,
                 memory_limit_mb=self.options.compile_memory_mb,
                 start_timeout=120.0,
             )

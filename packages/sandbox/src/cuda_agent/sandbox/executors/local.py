@@ -69,7 +69,7 @@ class _PoolExecutor(Executor):
             name=self.name,
             default_timeout=o.timeout or None,
             recycle=o.recycle,
-            spare=o.spare,
+            spares=o.spares,
             preload=list(o.preload or []),
             start_timeout=o.start_timeout,
             max_jobs_per_worker=o.max_jobs_per_worker,
@@ -123,7 +123,7 @@ class LocalExecutorOptions:
     device_count: int = 0  # use only the first N of them (0: all)
     timeout: float = 180.0  # default per-job timeout in seconds (jobs may set their own)
     recycle: str = "always"  # always | on_error | never: when a worker process is replaced
-    spare: bool = True  # keep a warm spare worker per GPU (modules loaded, no CUDA context)
+    spares: int = 1  # warm workers waiting per GPU (torch imported, CUDA context made), so a replaced worker costs no wait
     preload: list[str] = field(default_factory=lambda: ["torch"])
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
@@ -207,7 +207,7 @@ class CpuExecutorOptions:
     devices: str = ""  # optional labels, one per worker (e.g. "a,b,c"); sets workers
     timeout: float = 180.0
     recycle: str = "always"
-    spare: bool = True
+    spares: int = 1  # warm workers waiting per CPU slot
     preload: list[str] = field(default_factory=lambda: ["torch"])
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0

@@ -1,8 +1,8 @@
 """A pool of worker processes, one per device, each running one job at a time.
 
 * One slot per device (a GPU, or a CPU worker). A slot owns the worker process that runs
-  its jobs, and optionally a warm spare (modules preloaded, no CUDA context yet) that
-  replaces it without a start-up wait.
+  its jobs, and ``spares`` warm spare processes (modules preloaded, CUDA context made)
+  that replace it without a start-up wait.
 * One priority queue for all slots: verification before profiling before baselines,
   first come first served within a priority.
 * Each job has a timeout. A job that times out, crashes its worker (signal, exit),
@@ -311,7 +311,7 @@ class _Slot:
         self.pool = pool
         self.spec = spec
         self.active: _Worker | None = None
-        self.spare: _Worker | None = None
+        self.spares: list[_Worker] = []
         self.n_started = 0
         self.restarts = 0
         self.lock = threading.Lock()
@@ -322,25 +322,36 @@ class _Slot:
         self.n_started += 1
         return _Worker(self.pool, self.spec, self.n_started)
 
+    def _top_up(self) -> None:
+        """(lock held) start spares until there are ``pool.spares`` of them."""
+        self.spares = [w for w in self.spares if w.alive() or w.kill()]
+        while not self.pool.closed and len(self.spares) < self.pool.spares:
+            self.spares.append(self._new_worker())
+
+    def _promote(self) -> None:
+        """(lock held) make the oldest live spare the active worker, or start one."""
+        while self.spares:
+            w = self.spares.pop(0)
+            if w.alive():
+                self.active = w
+                break
+            w.kill()
+        else:
+            self.active = self._new_worker()
+        self._top_up()
+
     def warm_up(self) -> None:
         with self.lock:
             if self.active is None:
                 self.active = self._new_worker()
-            if self.pool.spare and self.spare is None:
-                self.spare = self._new_worker()
+            self._top_up()
 
     def _ready_worker(self) -> _Worker:
         with self.lock:
             if self.active is None or not self.active.alive():
                 if self.active is not None:
                     self.active.kill()
-                if self.spare is not None and self.spare.alive():
-                    self.active, self.spare = self.spare, None
-                else:
-                    if self.spare is not None:
-                        self.spare.kill()
-                        self.spare = None
-                    self.active = self._new_worker()
+                self._promote()
             worker = self.active
         worker.wait_ready(self.pool.start_timeout)
         return worker
@@ -354,12 +365,7 @@ class _Slot:
                 self.restarts += 1
                 if self.pool.closed:
                     return
-                if self.spare is not None and self.spare.alive():
-                    self.active, self.spare = self.spare, None
-                else:
-                    self.active = self._new_worker()
-                if self.pool.spare and self.spare is None:
-                    self.spare = self._new_worker()
+                self._promote()
 
     def _loop(self) -> None:
         pool = self.pool
@@ -427,8 +433,8 @@ class _Slot:
 
     def close(self) -> None:
         with self.lock:
-            workers = [w for w in (self.active, self.spare) if w is not None]
-            self.active = self.spare = None
+            workers = [w for w in (self.active, *self.spares) if w is not None]
+            self.active, self.spares = None, []
         for w in workers:
             w.kill()
 
@@ -443,7 +449,7 @@ class WorkerPool:
         name: str = "pool",
         default_timeout: float | None = 120.0,
         recycle: str = "always",
-        spare: bool = True,
+        spares: int = 1,
         preload: list[str] | tuple[str, ...] = (),
         health_check: str | None = None,
         init: list[str] | tuple[str, ...] = (),
@@ -466,7 +472,7 @@ class WorkerPool:
         self.devices = list(devices)
         self.default_timeout = default_timeout
         self.recycle = recycle
-        self.spare = spare
+        self.spares = max(0, int(spares))
         self.preload = list(preload)
         self.health_check = health_check or None
         self.init = list(init)
@@ -542,7 +548,7 @@ class WorkerPool:
         out: dict[str, list[int]] = {}
         for s in self._slots:
             with s.lock:
-                out[s.spec.label] = [w.pid for w in (s.active, s.spare) if w is not None and w.alive()]
+                out[s.spec.label] = [w.pid for w in (s.active, *s.spares) if w is not None and w.alive()]
         return out
 
     # -- closing ------------------------------------------------------------------------
