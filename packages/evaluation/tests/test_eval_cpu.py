@@ -222,3 +222,21 @@ def test_cli_resume_after_kill(setup):
     assert len(ids) == len(set(ids)), f"a finished task was scored again: {ids}"
     assert {x["task_id"]: x["failure"] for x in lines} == EXPECTED
     assert "faster than compile" in res.stdout and (run_dir / "report.html").exists()
+
+
+def test_baselines_cached_then_used_by_eval(setup, capsys):
+    from cuda_agent.core.cli import main
+
+    ov = overrides(setup) + ["eval.ids=[L1/1_Add]", "eval.progress=false"]
+    assert main(["baselines", *ov]) == 0
+    out = capsys.readouterr().out
+    assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in out
+    assert main(["baselines", *ov]) == 0
+    out = capsys.readouterr().out
+    assert "1 tasks (0 measured now, 1 from the cache, 0 failed)" in out
+    assert main(["eval", *ov]) == 0
+    capsys.readouterr()
+    (run_dir,) = (setup / "runs").iterdir()
+    lines = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    add = next(x for x in lines if x["task_id"] == "L1/1_Add")
+    assert add["correct"] and add["metadata"]["profile"]["baseline_cache"] == "hit"

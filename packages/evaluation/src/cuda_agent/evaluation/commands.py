@@ -85,10 +85,13 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
 
 @click.command("baselines", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1)
-@click.option("--force", is_flag=True, help="Measure again even where the cache has a timing.")
 @_with_common
-def baselines_cmd(args, force, levels, limit, ids, shard, workers) -> None:
-    """Measure eager and torch.compile times of a task set and cache them for profiling."""
+def baselines_cmd(args, levels, limit, ids, shard, workers) -> None:
+    """Measure eager and torch.compile times of a task set and cache them for profiling.
+
+    Uses eval.profile.options (precision, profiler, baseline_cache_dir) so that profiling
+    jobs find the records; tasks already cached cost nothing.
+    """
     from cuda_agent.core.config import compose
 
     from .evaluate import measure_all_baselines
@@ -97,17 +100,22 @@ def baselines_cmd(args, force, levels, limit, ids, shard, workers) -> None:
     overrides += _overrides_from_options(levels, limit, None, None, workers, shard, ids)
     cfg = compose(files, overrides)
     t0 = time.perf_counter()
-    rows = measure_all_baselines(cfg, force=force)
+    rows = measure_all_baselines(cfg)
     click.echo(_baseline_table(rows))
-    click.echo(f"\n{len(rows)} tasks in {time.perf_counter() - t0:.1f} s")
+    fresh = sum(1 for r in rows if not r.get("cached"))
+    failed = sum(1 for r in rows if r.get("eager_ms") is None)
+    click.echo(f"\n{len(rows)} tasks ({fresh} measured now, {len(rows) - fresh} from the cache, {failed} failed) "
+               f"in {time.perf_counter() - t0:.1f} s")
 
 
 def _baseline_table(rows: Sequence[dict[str, Any]]) -> str:
-    out = [f"{'task':<48} {'eager ms':>10} {'compile ms':>11} {'cached':>7}  note"]
+    out = [f"{'task':<48} {'eager ms':>10} {'compile ms':>11} {'cached':>7} {'s':>6}  note"]
     for r in rows:
         e = f"{r['eager_ms']:.4g}" if r.get("eager_ms") is not None else "—"
         c = f"{r['compile_ms']:.4g}" if r.get("compile_ms") is not None else "—"
-        out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {('yes' if r.get('cached') else 'no'):>7}  {r.get('error') or ''}")
+        secs = f"{r.get('seconds') or 0:.1f}"
+        note = (r.get("error") or "")[:80]
+        out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {('yes' if r.get('cached') else 'no'):>7} {secs:>6}  {note}")
     return "\n".join(out)
 
 

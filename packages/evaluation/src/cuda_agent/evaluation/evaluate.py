@@ -246,7 +246,7 @@ def rerender(run_dir: Path) -> dict:
 # --- baselines ---------------------------------------------------------------------
 
 
-def measure_all_baselines(cfg: DictConfig, force: bool = False, pm: Any = None) -> list[dict]:
+def measure_all_baselines(cfg: DictConfig, pm: Any = None) -> list[dict]:
     """Measure (or read from the cache) eager and compile times of every selected task."""
     from .baselines import measure_task_baselines
 
@@ -256,13 +256,10 @@ def measure_all_baselines(cfg: DictConfig, force: bool = False, pm: Any = None) 
         raise ConfigError("no tasks selected (check eval.levels, eval.ids, eval.shard, eval.limit)")
     executor = pm.create("executor", cfg.executor, where="executor")
     try:
-        workers = int(cfg.eval.get("workers") or 0) or 2 * _device_count(executor)
         return measure_task_baselines(
             tasks,
             executor,
             options=dict(_plain(cfg.eval.profile.get("options")) or {}),
-            force=force,
-            workers=workers,
             progress=bool(cfg.eval.get("progress", True)),
             timeout=cfg.eval.profile.get("timeout"),
         )
