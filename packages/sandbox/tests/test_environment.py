@@ -162,3 +162,32 @@ def test_protected_files_and_state_dir_are_refused(tmp_path):
     res = traj.turns[0].tool_results
     assert res[0].ok and not any(r.ok for r in res[1:])
     assert (tmp_path / "ws" / "model.py").read_text() == MODEL
+
+
+def test_shell_tools_through_the_local_sandbox(tmp_path):
+    from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions
+
+    script = [
+        reply("", [tool_call("bash", {"command": "cd kernels && export MARK=42"}, "b1")]),
+        reply("", [tool_call("bash", {"command": "pwd; echo $MARK"}, "b2")]),
+        reply("", [tool_call("bash", {"command": "sleep 0.3; echo from-background", "run_in_background": True}, "b3")]),
+        reply("", [tool_call("bash", {"command": "sleep 1"}, "b4")]),
+        reply("", [tool_call("bash_output", {"job_id": "job1"}, "b5")]),
+        reply("", [tool_call("bash", {"command": "echo hacked > ../model.py"}, "b6")]),
+        reply("", [tool_call("bash", {"command": "python ../tools/compile.py"}, "b7")]),
+        reply("DONE"),
+    ]
+    with ScriptedChatServer(script) as server:
+        env = CudaEnvironment(TASK, tmp_path / "ws", EnvironmentOptions(backend="cpu", evaluate_final=False),
+                              sandbox={"name": "local"}, executor={"name": "cpu"})
+        try:
+            assert env.session is not None
+            traj = run_episode_sync(TASK, policy(server), env)
+        finally:
+            env.close()
+    res = {r.call_id: r for t in traj.turns for r in t.tool_results}
+    assert res["b2"].content.splitlines()[-1] == "42" and res["b2"].content.splitlines()[0].endswith("kernels")
+    assert "from-background" in res["b5"].content and "exited with status 0" in res["b5"].content
+    assert not res["b6"].ok
+    assert (tmp_path / "ws" / "model.py").read_text() == MODEL
+    assert "COMPILE" in res["b7"].content  # the tool script reaches the workspace service from the sandbox
