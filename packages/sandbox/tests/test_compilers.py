@@ -310,3 +310,32 @@ def test_cpp_extension_builds_and_imports(tmp_path):
     r3 = c.build(ws.root)
     assert not r3.ok and r3.errors[0].startswith("kernels/bad_binding.cpp:2: error:"), r3.errors
     assert len(r3.log) <= 4000
+
+
+@pytest.mark.parametrize("source,msg", [
+    ('#include "/etc/passwd"\n', "absolute path"),
+    ('#include "../../../../etc/passwd"\n', "outside the workspace"),
+    ('#include <../../etc/passwd>\n', "climb out"),
+    ('#define P "/etc/passwd"\n#include P\n', "computed #include"),
+    ('asm(".incbin \\"/etc/passwd\\"");\n', ".incbin"),
+    ('#embed "/etc/passwd"\n', "#embed"),
+])
+def test_sources_may_not_reach_outside(tmp_path, source, msg):
+    ws = cpu_workspace(tmp_path)
+    (ws.root / "kernels" / "add.cpp").write_text(source + ADD_CPP)
+    r = gxx(tmp_path).build(ws.root)
+    assert not r.ok and msg in r.errors[0] and r.errors[0].startswith("kernels/add.cpp:"), r.errors
+    assert "root:" not in r.log
+
+
+def test_symlinks_refused(tmp_path):
+    ws = cpu_workspace(tmp_path)
+    (ws.root / "kernels" / "add.cpp").unlink()
+    (ws.root / "kernels" / "add.cpp").symlink_to("/etc/passwd")
+    r = gxx(tmp_path).build(ws.root)
+    assert not r.ok and "symbolic link" in r.errors[0]
+    # includes inside the workspace stay fine
+    (ws.root / "kernels" / "add.cpp").unlink()
+    (ws.root / "kernels" / "sub").mkdir()
+    (ws.root / "kernels" / "sub" / "x.cpp").write_text('#include "../common.h"\n' + ADD_CPP)
+    assert gxx(tmp_path).build(ws.root).ok

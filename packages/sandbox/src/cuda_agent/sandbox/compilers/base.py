@@ -19,6 +19,7 @@ import abc
 import contextlib
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,8 +32,10 @@ from cuda_agent.core.types import CompileResult
 
 from ..buildcache import BuildCache, JobSlots, ToolLimits, atomic_copy, atomic_write, run_tool, sha256
 from .diagnostics import log_tail, trim_errors
+from .guard import check_sources, kernel_files
 from .signatures import SignatureError, extern_c_functions
 
+_init_lock = threading.Lock()
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".hh", ".inc", ".inl")
 MANIFEST = "manifest.json"
 
@@ -106,9 +109,11 @@ class IncrementalCompiler(Compiler):
 
     @property
     def cache(self) -> BuildCache:
-        if self._cache is None:
-            self._cache = BuildCache(self.options.cache_dir or None)
-            self._slots = JobSlots(self._cache.root / "slots", self.options.jobs or None)
+        with _init_lock:
+            if self._cache is None:
+                cache = BuildCache(self.options.cache_dir or None)
+                self._slots = JobSlots(cache.root / "slots", self.options.jobs or None)
+                self._cache = cache
         return self._cache
 
     @property
@@ -141,6 +146,9 @@ class IncrementalCompiler(Compiler):
         root = Path(workspace).resolve()
         build_dir = Path(build_dir) if build_dir else build_dir_of(root)
         build_dir.mkdir(parents=True, exist_ok=True)
+        bad = check_sources(root, kernel_files(root))
+        if bad:
+            return self._fail(t0, bad[: self.options.max_errors], "\n".join(bad), build_dir)
         units = self.units(root)
         if not units:
             return self._fail(t0, [self.no_sources_message()], "", build_dir)
