@@ -227,3 +227,24 @@ def test_store_survives_torn_writes(tmp_path):
     back = list(store)
     assert len(back) == 2 and store.skipped == 1
     assert back[1].to_dict() == traj.to_dict()
+
+
+def test_request_timeout_is_retried_and_requests_are_paced(tmp_path):
+    import time
+
+    script = [
+        {"delay": 1.5, **reply("", [tool_call("bash", {"command": "echo late"})])},  # times out on the client
+        reply("", [tool_call("bash", {"command": "echo a"})]),
+        reply("", [tool_call("bash", {"command": "echo b"})]),
+        reply("DONE"),
+    ]
+    with ScriptedChatServer(script) as server:
+        env = env_for(tmp_path)
+        pol = policy(server, timeout=0.5, requests_per_second=4)
+        t0 = time.monotonic()
+        traj = run_episode_sync(TASK, pol, env)
+        took = time.monotonic() - t0
+        env.close()
+    assert traj.finish_reason == "done" and pol.retries == 1
+    assert [t.tool_results[0].content for t in traj.turns[:2]] == ["a", "b"]
+    assert took >= 0.75  # four requests at most 4 per second

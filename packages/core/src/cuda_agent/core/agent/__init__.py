@@ -33,6 +33,12 @@ API summary
 Also here: :class:`Environment` (protocol) and :class:`FolderEnvironment` (a folder with real
 tools and a pluggable score), :class:`TrajectoryStore` (durable JSONL),
 :func:`render_transcript` (Markdown), :class:`ContextBudget` and :func:`truncate_middle`.
+
+For tests: :mod:`cuda_agent.core.agent.testing` (``ScriptedChatServer``: a chat-completions
+server on loopback with scripted answers, errors and dropped connections) and
+:func:`cuda_agent.core.policies.tiny.build_tiny_model` (a random-weight Qwen2 with a
+tokenizer trained in-process and a ChatML tool template, loadable by transformers/vLLM).
+The CUDA/CPU environment is ``cuda_agent.sandbox.environment.CudaEnvironment``.
 """
 
 from .budget import ContextBudget, truncate_middle
