@@ -248,3 +248,23 @@ def test_request_timeout_is_retried_and_requests_are_paced(tmp_path):
     assert traj.finish_reason == "done" and pol.retries == 1
     assert [t.tool_results[0].content for t in traj.turns[:2]] == ["a", "b"]
     assert took >= 0.75  # four requests at most 4 per second
+
+
+def test_one_policy_serves_concurrent_episodes(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    step = reply("", [tool_call("bash", {"command": "echo hi"})])
+    with ScriptedChatServer([step] * 4) as server:
+        pol = policy(server, requests_per_second=20)
+
+        def one(i):
+            env = env_for(tmp_path / f"ws{i}")
+            try:
+                return run_episode_sync(TASK, pol, env)
+            finally:
+                env.close()
+
+        with ThreadPoolExecutor(4) as ex:
+            trajs = list(ex.map(one, range(4)))
+    assert [t.finish_reason for t in trajs] == ["done"] * 4
+    assert sum(len(t.turns) for t in trajs) == 8

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ class OpenAIPolicy(Policy):
 
             raise ConfigError("policy openai needs options.model (the served model name)")
         self._next_slot = 0.0
-        self._rate_lock: asyncio.Lock | None = None
+        self._rate_lock = threading.Lock()  # episodes may run in several threads and event loops
         self.requests = 0
         self.retries = 0
 
@@ -70,9 +71,7 @@ class OpenAIPolicy(Policy):
         rps = self.options.requests_per_second
         if rps <= 0:
             return
-        if self._rate_lock is None:
-            self._rate_lock = asyncio.Lock()
-        async with self._rate_lock:
+        with self._rate_lock:
             now = time.monotonic()
             wait = self._next_slot - now
             self._next_slot = max(now, self._next_slot) + 1.0 / rps
