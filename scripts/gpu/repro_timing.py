@@ -38,6 +38,14 @@ for sub in ("packages/core/src", "packages/sandbox/src"):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+# label -> (profiler, options over the defaults below)
+PRESETS = {
+    "cuda_events": ("cuda_events", {}),
+    "cuda_events_pipelined": ("cuda_events", {"sync_each": False}),
+    "cuda_events_noflush": ("cuda_events", {"flush_l2": False}),
+    "cuda_events_graph": ("cuda_events", {"cuda_graph": True}),
+    "torch_profiler": ("torch_profiler", {}),
+}
 METHODS = ("cuda_events", "torch_profiler")
 
 
@@ -71,12 +79,16 @@ def worker(args) -> int:
 
     dev = torch.device("cuda", 0)
     torch.cuda.init()
-    profilers = {
-        "cuda_events": CudaEventsProfiler(CudaEventsProfiler.Options(
-            warmup_ms=args.warmup_ms, target_ms=args.target_ms, min_iters=10, max_iters=1000)),
-        "torch_profiler": TorchProfilerProfiler(TorchProfilerProfiler.Options(
-            warmup_iters=3, target_ms=args.target_ms / 4, repeats=3, max_iters=100)),
-    }
+    methods = args.methods.split(",")
+    profilers = {}
+    for label in methods:
+        kind, extra = PRESETS[label]
+        if kind == "cuda_events":
+            o = dict(warmup_ms=args.warmup_ms, target_ms=args.target_ms, min_iters=10, max_iters=1000)
+            profilers[label] = CudaEventsProfiler(CudaEventsProfiler.Options(**{**o, **extra}))
+        else:
+            o = dict(warmup_iters=3, target_ms=args.target_ms / 4, repeats=3, max_iters=100)
+            profilers[label] = TorchProfilerProfiler(TorchProfilerProfiler.Options(**{**o, **extra}))
     print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -94,7 +106,7 @@ def worker(args) -> int:
                 def fn(*a):
                     return model(*a)
 
-                for name in METHODS:
+                for name in methods:
                     t = profilers[name].time(fn, sets, dev)
                     row[name] = {"median_ms": t.median_ms, "spread": t.spread, "iterations": t.iterations, "method": t.method}
         except Exception as exc:  # one failing problem must not stop the benchmark
@@ -152,6 +164,7 @@ def main() -> int:
     ap.add_argument("--input-sets", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting new problems after this")
     ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(PRESETS)}")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -160,7 +173,11 @@ def main() -> int:
     kb = find_kernelbench(args.kernelbench)
     files = problem_files(kb, args.level, args.limit, args.only)
     argv = [sys.executable, __file__, "--worker", "--target-ms", str(args.target_ms), "--warmup-ms",
-            str(args.warmup_ms), "--input-sets", str(args.input_sets)]
+            str(args.warmup_ms), "--input-sets", str(args.input_sets), "--methods", args.methods]
+    methods = args.methods.split(",")
+    for m in methods:
+        if m not in PRESETS:
+            sys.exit(f"unknown method {m!r}; valid: {', '.join(PRESETS)}")
     t_start = time.perf_counter()
     results: dict[str, dict] = {"A": {}, "B": {}}
     skipped = []
@@ -201,7 +218,7 @@ def main() -> int:
         if rb is None:
             continue
         row = {"problem": stem, "error": ra.get("error") or rb.get("error")}
-        for m in METHODS:
+        for m in methods:
             if m in ra and m in rb:
                 a, b = ra[m]["median_ms"], rb[m]["median_ms"]
                 limit = 0.01 if min(a, b) >= 0.05 else 0.03
@@ -214,7 +231,7 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
     summary = {}
-    for m in METHODS:
+    for m in methods:
         ds = [r[m]["diff"] for r in rows if m in r]
         ok = [r for r in rows if m in r and r[m]["ok"]]
         summary[m] = {
@@ -240,18 +257,19 @@ def main() -> int:
     if errors:
         print(f"problems that failed to run: {len(errors)} ({', '.join(r['problem'] for r in errors[:5])}{'...' if len(errors) > 5 else ''})")
     print()
-    print(f"{'method':<16}{'timed':>7}{'within':>8}{'median diff':>13}{'max diff':>10}")
-    for m in METHODS:
+    print(f"{'method':<24}{'timed':>7}{'within':>8}{'median diff':>13}{'max diff':>10}")
+    for m in methods:
         s = summary[m]
         med = f"{s['median_diff_pct']:.3f}%" if s["median_diff_pct"] is not None else "-"
         mx = f"{s['max_diff_pct']:.3f}%" if s["max_diff_pct"] is not None else "-"
-        print(f"{m:<16}{s['timed']:>7}{s['within_target']:>8}{med:>13}{mx:>10}")
-    worst = sorted((r for r in rows if "cuda_events" in r), key=lambda r: -r["cuda_events"]["diff"])[:8]
+        print(f"{m:<24}{s['timed']:>7}{s['within_target']:>8}{med:>13}{mx:>10}")
+    first = methods[0]
+    worst = sorted((r for r in rows if first in r), key=lambda r: -r[first]["diff"])[:8]
     if worst:
         print()
-        print(f"{'worst (cuda_events)':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}")
+        print(f"{'worst (' + first + ')':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}")
         for r in worst:
-            c = r["cuda_events"]
+            c = r[first]
             t = r.get("torch_profiler", {})
             tp = f"{t['a_ms']:.4g}" if t else "-"
             td = f"{100 * t['diff']:.2f}%" if t else "-"

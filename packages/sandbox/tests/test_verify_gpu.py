@@ -53,11 +53,11 @@ SOLUTION = textwrap.dedent(r'''
         half_k<<<(n + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
         return y;
     }
-    torch::Tensor relu_aten(torch::Tensor x) { return at::relu(x); }
+    EXTRA_CUDA
     """
-    cpp_src = "torch::Tensor relu(torch::Tensor x); torch::Tensor relu_half(torch::Tensor x); torch::Tensor relu_aten(torch::Tensor x);"
-    ext = load_inline("b2_relu_ext", cpp_sources=cpp_src, cuda_sources=cuda_src,
-                      functions=["relu", "relu_half", "relu_aten"], verbose=False)
+    cpp_src = "torch::Tensor relu(torch::Tensor x); torch::Tensor relu_half(torch::Tensor x); EXTRA_DECL"
+    ext = load_inline("b2_relu_extNAME", cpp_sources=cpp_src, cuda_sources=cuda_src,
+                      functions=["relu", "relu_half"EXTRA_FN], verbose=False)
 
     class ModelNew(nn.Module):
         def forward(self, x):
@@ -74,7 +74,13 @@ def files(tmp_path_factory):
 
 def solution(d, fn: str):
     p = d / f"sol_{fn}.py"
-    p.write_text(SOLUTION.replace("FN", fn))
+    text = SOLUTION
+    if fn == "relu_aten":  # a binding that computes with ATen: refused statically and at run time
+        text = text.replace("EXTRA_CUDA", "torch::Tensor relu_aten(torch::Tensor x) { return at::relu(x); }")
+        text = text.replace("EXTRA_DECL", "torch::Tensor relu_aten(torch::Tensor x);").replace("EXTRA_FN", ', "relu_aten"')
+        text = text.replace("NAME", "_aten")
+    text = text.replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "").replace("EXTRA_FN", "").replace("NAME", "")
+    p.write_text(text.replace("FN", fn))
     return str(p)
 
 

@@ -50,6 +50,7 @@ class BaselineOptions:
     num_input_sets: int = 0  # 0 = as many as fit a memory budget, at most 4
     seed: int = 0
     cache_dir: str = ""  # "" = $CUDA_AGENT_BASELINE_CACHE or ~/.cache/cuda-agent/baselines
+    force: bool = False  # measure again and overwrite the cached record
 
 
 def default_cache_dir() -> Path:
@@ -287,7 +288,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
     fields = key_fields(model_code, describe(init_inputs), device, o.precision, prof_name, o.profiler_options,
                         o.compile_mode, o.num_input_sets, o.seed)
     key = BaselineCache.key(fields)
-    rec = cache.get(key)
+    rec = None if o.force else cache.get(key)
     if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
         rec = dict(rec, cached=True)
         return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
