@@ -41,7 +41,10 @@ NVCC_EXAMPLE = REPO / "tools" / "template" / "nvcc" / "examples"
 PAPER_SCRIPT = r"""
 import glob, os, shutil, sys, time
 t0 = time.monotonic()
+import torch.utils.cpp_extension as ce
 from torch.utils.cpp_extension import load
+if ce.CUDA_HOME is None and os.environ.get("CUDA_HOME"):  # a CPU-only torch (preview runs): nvcc still builds
+    ce.CUDA_HOME = os.environ["CUDA_HOME"]
 ws, build = sys.argv[1], sys.argv[2]
 shutil.rmtree(build, ignore_errors=True)
 os.makedirs(build)

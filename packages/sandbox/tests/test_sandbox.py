@@ -293,3 +293,34 @@ def test_memory_is_limited(kind, ws):
                   timeout=60)
         assert "ALLOCATED" not in r.output and r.exit_code != 0
         assert "MemoryError" in r.output or "killed" in r.output, r.output
+
+
+def test_docker_engine_from_docker_host(docker_image, ws, monkeypatch):
+    """The engine is found through DOCKER_HOST (here the local engine named explicitly)."""
+    import docker
+
+    url = docker.from_env().api.base_url
+    sock = "/var/run/docker.sock"
+    if not os.path.exists(sock):
+        pytest.skip("the engine is not on the default local socket")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    with make_sandbox("docker").open(ws.root, ws.protected) as s:
+        assert s.run("echo via-docker-host").output.strip() == "via-docker-host"
+    assert url
+
+
+def test_docker_unreachable_engine_is_one_clear_error(ws, monkeypatch):
+    from cuda_agent.sandbox.sandboxes import SandboxError
+
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
+    with pytest.raises(SandboxError, match="cannot reach a Docker engine at tcp://127.0.0.1:1"):
+        make_sandbox("docker").open(ws.root, ws.protected)
+
+
+def test_build_image_from_local_rootfs_is_checked(tmp_path):
+    from cuda_agent.sandbox.sandboxes import SandboxError
+    from cuda_agent.sandbox.sandboxes.image import import_rootfs
+
+    (tmp_path / "bin").mkdir()
+    with pytest.raises(SandboxError, match="lacks bin/bash"):
+        import_rootfs(None, tmp_path, "cuda-agent-sandbox:test-never-built")
