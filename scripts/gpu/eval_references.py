@@ -72,6 +72,8 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
         ov.append(f"eval.levels=[{args.levels}]")
     if args.limit is not None:
         ov.append(f"eval.limit={args.limit}")
+    if args.ids:
+        ov.append("eval.ids=[" + ",".join(args.ids.split(",")) + "]")
     if args.shard:
         ov.append(f"eval.shard='{args.shard}'")
     if args.workers:
@@ -83,24 +85,33 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
     return ov + list(args.overrides)
 
 
-def summarize(report: dict, wall: float, n_new: int) -> dict:
+def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None) -> dict:
+    """Wall time and where it went.
+
+    ``job`` seconds are measured inside the verification and profiling jobs (the work a GPU
+    must do); per-task overhead is the device time not spent in a job:
+    ``(wall * devices - sum(job seconds)) / tasks`` over the tasks scored by this call.
+    """
     tasks = report["tasks"]
+    devices = int(report["info"].get("devices") or 1)
+    new = [t for t in tasks if new_ids is None or t["task_id"] in new_ids]
     job = [
         (t["metadata"].get("verify_seconds", 0) or 0) + (t["metadata"].get("profile_seconds", 0) or 0)
-        for t in tasks
+        + (t["metadata"].get("compile_seconds", 0) or 0)
+        for t in new
     ]
-    secs = [t["seconds"] for t in tasks]
-    overhead = [max(0.0, s - j) for s, j in zip(secs, job)]
+    secs = [t["seconds"] for t in new]
+    n = max(len(new), 1)
     far = [t["task_id"] for t in tasks if t["correct"] and t["speedup_vs_eager"] and abs(t["speedup_vs_eager"] - 1) > 0.1]
     return {
         "tasks": len(tasks),
-        "scored_this_call": n_new,
+        "scored_this_call": len(new),
+        "devices": devices,
         "wall_seconds": round(wall, 1),
-        "wall_per_task": round(wall / max(n_new, 1), 2),
-        "mean_task_seconds": round(statistics.mean(secs), 2) if secs else None,
-        "mean_job_seconds": round(statistics.mean(job), 2) if job else None,
-        "mean_overhead_seconds": round(statistics.mean(overhead), 2) if overhead else None,
-        "median_overhead_seconds": round(statistics.median(overhead), 2) if overhead else None,
+        "wall_per_task": round(wall / n, 2),
+        "job_seconds_per_task": round(sum(job) / n, 2),
+        "overhead_per_task": round(max(0.0, wall * devices - sum(job)) / n, 2),
+        "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
         "speedup_vs_eager_off_by_10pct": far,
     }
@@ -121,8 +132,8 @@ def print_table(report: dict, summary: dict) -> None:
             f"{fmt(q.get('median')):>16} {near:>20}"
         )
     print()
-    for key in ("tasks", "scored_this_call", "wall_seconds", "wall_per_task", "mean_task_seconds", "mean_job_seconds",
-                "mean_overhead_seconds", "median_overhead_seconds"):
+    for key in ("tasks", "scored_this_call", "devices", "wall_seconds", "wall_per_task", "job_seconds_per_task",
+                "overhead_per_task", "mean_task_latency"):
         print(f"{key:<26} {summary[key]}")
     if summary["not_correct"]:
         print(f"not correct ({len(summary['not_correct'])}):")
@@ -159,6 +170,7 @@ def main() -> None:
     ap.add_argument("--root", help="KernelBench folder (level1/, level2/, level3/)")
     ap.add_argument("--levels", help="e.g. 1 or 1,2")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--ids", help="only these task ids, comma separated (globs allowed), e.g. L1/19_ReLU")
     ap.add_argument("--shard", help="i/n: every n-th task starting at i (0-based)")
     ap.add_argument("--workers", type=int, help="tasks in flight (default: 2 per GPU)")
     ap.add_argument("--resume", help="continue this run folder")
@@ -198,15 +210,16 @@ def main() -> None:
         write_solutions(root, sols)
         cfg = compose([], overrides(args, root, out) + [f"eval.solutions={sols}"])
         t0 = time.perf_counter()
-        before = 0
+        before: set = set()
         if args.resume and (Path(args.resume) / "results.jsonl").exists():
             from cuda_agent.evaluation.runner import ResultStore
 
-            before = len(ResultStore(Path(args.resume) / "results.jsonl").finished())
+            before = set(ResultStore(Path(args.resume) / "results.jsonl").finished())
         res = evaluate(cfg)
         wall = time.perf_counter() - t0
     report = res["report"]
-    summary = summarize(report, wall, len(report["tasks"]) - before)
+    new_ids = {t["task_id"] for t in report["tasks"]} - before
+    summary = summarize(report, wall, len(new_ids), new_ids)
     summary["run_dir"] = str(res["run_dir"])
     (Path(res["run_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
     print_table(report, summary)

@@ -209,6 +209,7 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             tasks_selected=len(tasks),
             tasks_scored=len(results),
             workers=workers,
+            devices=_device_count(executor),
         )
         return _finish(run, results, info, collect_environment(results, extra), cfg)
 

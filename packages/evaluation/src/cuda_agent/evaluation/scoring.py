@@ -32,6 +32,7 @@ from .solutions import KERNELBENCH, Solution, install_solution
 
 VERIFY_JOB = "cuda_agent.sandbox.executors.tasks:verify"
 PROFILE_JOB = "cuda_agent.sandbox.executors.tasks:profile"
+EVALUATE_JOB = "cuda_agent.sandbox.executors.tasks:evaluate"  # verify, then profile, in one worker
 BASELINE_JOB = "cuda_agent.evaluation.jobs:baselines"
 
 
@@ -139,6 +140,7 @@ class ScoringOptions:
     enforce_rules: bool = True
     keep_workspaces: bool = False
     profile: bool = True  # time correct candidates (False: correctness only)
+    one_job: bool = True  # verify and profile in one job (one worker start, one model load)
 
 
 class CandidateEvaluator:
@@ -208,12 +210,31 @@ class CandidateEvaluator:
         except _job_error_types() as exc:
             return ProfileResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds)
 
+    def verify_and_profile(self, root: Path, label: str) -> tuple[VerifyResult, ProfileResult | None]:
+        timeout = None
+        if self.o.verify_timeout and self.o.profile_timeout:
+            timeout = self.o.verify_timeout + self.o.profile_timeout
+        job = _job(
+            EVALUATE_JOB,
+            {"workspace": str(root), "verify_options": self.verify_job_options(), "profile_options": self.profile_job_options()},
+            "evaluate",
+            timeout,
+            label,
+        )
+        try:
+            return self.executor.submit(job).result()
+        except _job_error_types() as exc:
+            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds), None
+
     def evaluate(self, root: Path, form: str, label: str) -> CandidateOutcome:
         outcome = CandidateOutcome()
         if form != KERNELBENCH:
             outcome.compile = self.build(root)
             if not outcome.compile.ok:
                 return outcome
+        if self.o.one_job and self.o.profile:
+            outcome.verify, outcome.profile = self.verify_and_profile(root, label)
+            return outcome
         outcome.verify = self.verify(root, form, label)
         if outcome.verify.ok and self.o.profile:
             outcome.profile = self.profile(root, form, label)
