@@ -234,9 +234,23 @@ def test_service_options_are_checked(tmp_path):
         ServiceOptions.from_any({"compile_in": "docker"})
 
 
+def test_unknown_job_options_are_config_errors(tmp_path, executor):
+    from cuda_agent.core.errors import ConfigError
+
+    ws = make_ws(tmp_path / "ws")
+    with pytest.raises(ConfigError, match="service.verify_options: unknown VerifyOptions option 'num_input'"):
+        WorkspaceService(ws, TinyGxx(), executor, {"verify_options": {"num_input": 3}})
+    with pytest.raises(ConfigError, match="service.profile_options"):
+        WorkspaceService(ws, TinyGxx(), executor, {"profile_options": {"profiler_typo": "x"}})
+    svc = WorkspaceService(ws, TinyGxx(), executor, {"verify_options": {"num_inputs": 3, "guard": {}}})
+    svc.close()
+
+
 def test_config_fragment_composes():
     from cuda_agent.core.config import compose
 
-    cfg = compose([], ["executor.name=cpu", "executor.options.workers=2", "service.verify_timeout=30"])
+    cfg = compose([], ["executor.name=cpu", "executor.options.workers=2", "service.verify_timeout=30",
+                       "service.verify_options.num_inputs=3"])
+    assert cfg.service.verify_options.num_inputs == 3
     assert cfg.executor.name == "cpu" and cfg.executor.options.workers == 2
     assert ServiceOptions.from_any(cfg.service).verify_timeout == 30

@@ -39,7 +39,7 @@ SLOT_KINDS = {
 # list key -> kind of its elements
 LIST_SLOT_KINDS = {"trackers": "tracker", "checks": "correctness_check", "tools": "agent_tool"}
 # mappings whose keys are free-form
-OPEN_KEYS = {"options", "metadata", "env", "extra", "sampling"}
+OPEN_KEYS = {"options", "metadata", "env", "extra", "sampling", "verify_options", "profile_options"}
 
 
 def base_config() -> DictConfig:

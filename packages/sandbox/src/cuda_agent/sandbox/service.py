@@ -325,6 +325,7 @@ class WorkspaceService:
         self.backend = getattr(workspace, "backend", None) or (
             "cpu" if getattr(compiler, "backend", "cuda") == "cpu" else "cuda")
         self.options = ServiceOptions.from_any(options)
+        self._check_job_options()
         self.compiler = self._make_compiler(compiler)
         self._own_executor = executor is None
         self.executor = executor if executor is not None else self._default_executor()
@@ -345,6 +346,30 @@ class WorkspaceService:
         self.errors: list[str] = []
 
     # -- construction helpers -----------------------------------------------------------
+
+    def _check_job_options(self) -> None:
+        """Unknown verify/profile options are a config error now, not a failed job later."""
+        o = self.options
+        prefix = "cuda_agent.sandbox.executors.tasks:"
+        checks = [("verify_options", o.verify_job, "VerifyOptions", o.verify_options),
+                  ("profile_options", o.profile_job, "ProfileOptions", o.profile_options)]
+        for key, job, cls_name, opts in checks:
+            if not job.startswith(prefix) or not opts:
+                continue
+            try:
+                from . import jobs
+            except ImportError:
+                return
+            from .executors.tasks import build_options
+
+            cls = getattr(jobs, cls_name, None)
+            if cls is None or not dataclasses.is_dataclass(cls):
+                continue
+            try:
+                build_options(cls, dict(opts))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"service.{key}: {exc}") from None
+
 
     def _make_compiler(self, compiler: Any) -> Any:
         if compiler is None:
