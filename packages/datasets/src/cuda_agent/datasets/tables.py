@@ -62,10 +62,15 @@ def read_rows(path: Path) -> list[dict]:
 def table_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    files = [p for p in sorted(path.rglob("*")) if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES]
-    # a save_to_disk folder carries json metadata next to its arrow shards
-    files = [p for p in files if p.name not in ("dataset_info.json", "state.json", "dataset_dict.json")]
-    return files
+    # a synthesis output folder: its rows are tasks.* (candidates.jsonl is the judging log)
+    own = [path / n for n in ("tasks.parquet", "tasks.jsonl") if (path / n).is_file()]
+    if own and (path / "candidates.jsonl").exists():
+        return own[:1]
+    # in folders, .json files are metadata (save_to_disk's dataset_info.json, state.json); name one to read it
+    return [
+        p for p in sorted(path.rglob("*"))
+        if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES and p.suffix.lower() != ".json"
+    ]
 
 
 def write_rows(rows: Iterable[dict], path: Path) -> Path:

@@ -67,17 +67,30 @@ class FilterOptions:
 
 
 def stochastic_calls(code: str) -> list[str]:
-    """Random ops called inside class bodies (the model), not in get_inputs."""
+    """Random ops called in the model's methods (not in ``__init__``: random initial weights
+    are fixed by the seed before the model is built; not in get_inputs)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return []
     found = []
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for node in ast.walk(cls):
+    methods = [
+        f for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name != "__init__"
+    ]
+    inits = [
+        f for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    ]
+    # modules built in __init__ (nn.Dropout) act in forward: scan __init__ for stochastic modules only
+    scan = methods + inits
+    for fn in scan:
+        for node in ast.walk(fn):
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if fn in inits and not name[:1].isupper():
+                    continue  # torch.randn(...) initial weights in __init__ are fine
                 if name in STOCHASTIC_CALLS:
                     p = None
                     for kw in node.keywords:

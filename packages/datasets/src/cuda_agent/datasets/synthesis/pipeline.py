@@ -25,9 +25,8 @@ from typing import Any, Callable
 from cuda_agent.core.errors import ConfigError
 
 from ..pool import WorkerPool
-from .composer import PAPER_MIX, PAPER_TRANSFORMERS_SHARE, Candidate, RuleComposer
+from .composer import PAPER_MIX, PAPER_TRANSFORMERS_SHARE, Candidate
 from .filters import FILTERS, FilterOptions
-from .seeds import collect_seeds
 
 KERNELBENCH_ENV = "CUDA_AGENT_KERNELBENCH"
 
@@ -139,10 +138,9 @@ class Synthesizer:
         self.out = Path(opts.output_dir)
         self.refs = refs if refs is not None else kernelbench_refs(opts, kernelbench_root)
         if composer is None:
-            if opts.composer != "rule":
-                raise ConfigError(f"composer {opts.composer!r} needs to be built by the caller (see build_composer)")
-            seeds = collect_seeds(opts.transformers, include_stochastic=opts.stochastic_seeds)
-            composer = RuleComposer(seeds, opts.shapes, opts.op_mix, opts.transformers_share, opts.seed)
+            from .llm import build_composer
+
+            composer = build_composer(opts)
         self.composer = composer
 
     # -- state ------------------------------------------------------------------
@@ -236,8 +234,10 @@ class Synthesizer:
                 if i in done:
                     continue
                 cand = self.composer.compose(i)
-                if cand is None:
-                    record({"index": i, "ok": False, "filter": "invalid", "reason": "composer produced no model", "ops": [], "n_ops": 0})
+                if cand is None or not cand.code:
+                    reason = (cand.meta.get("error") if cand is not None else None) or "composer produced no model"
+                    base = self._base(cand, "") if cand is not None else {"index": i, "ops": [], "n_ops": 0}
+                    record(base | {"ok": False, "filter": "invalid", "reason": reason})
                     continue
                 h = _hash(cand.code)
                 if h in hashes:
