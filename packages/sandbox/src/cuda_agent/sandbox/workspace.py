@@ -198,7 +198,11 @@ class Workspace:
             p.parent.mkdir(parents=True, exist_ok=True)
             if p.is_symlink():
                 p.unlink()
-            p.write_text(text)
+            existed = p.exists()
+            p.write_text(text)  # an existing file keeps its owner and mode
+            if not existed and os.geteuid() == 0 and (self.root / "kernels").is_dir():
+                st = (self.root / "kernels").stat()  # new files belong to the agent (the sandbox's uid)
+                os.chown(p, st.st_uid, st.st_gid)
 
     # -- access rules -----------------------------------------------------------------
 
