@@ -302,3 +302,30 @@ def test_spares_wait_warm_and_replace_used_workers():
         assert len(after) == 3 and pids[0] not in after and after[0] == pids[1]
     finally:
         e.close()
+
+
+def test_two_pools_never_share_a_device(tmp_path):
+    """Exclusive device locks: pools of different executors (or processes) on one GPU queue."""
+    locks = str(tmp_path / "locks")
+    a = cpu(devices="gpu7", exclusive=True, lock_dir=locks)
+    b = cpu(devices="gpu7", exclusive=True, lock_dir=locks)
+    c = cpu(devices="gpu8", exclusive=True, lock_dir=locks)
+    try:
+        for e in (a, b, c):
+            e.start()
+        time.sleep(1.0)
+        fa = a.submit(Job(S + "sleep", {"seconds": 1.0}))
+        fb = b.submit(Job(S + "sleep", {"seconds": 1.0}))
+        fc = c.submit(Job(S + "sleep", {"seconds": 1.0}))
+        for f in (fa, fb, fc):
+            f.result(timeout=60)
+        ra, rb, rc = fa.record, fb.record, fc.record
+        # a and b ran one after the other (the second waited for the lock); c overlapped freely
+        spans = sorted([(ra.started, ra.finished), (rb.started, rb.finished)])
+        first_end = min(ra.finished, rb.finished)
+        second_run = max(ra.finished, rb.finished) - first_end
+        assert second_run >= 0.9, spans
+        assert rc.finished - rc.started < 1.9
+    finally:
+        for e in (a, b, c):
+            e.close()

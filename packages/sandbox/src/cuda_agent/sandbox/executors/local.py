@@ -35,6 +35,12 @@ def _close_all() -> None:
             pass
 
 
+def default_lock_dir() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "cuda-agent-locks")
+
+
 def _split(text: Any) -> list[str]:
     if text is None:
         return []
@@ -73,6 +79,7 @@ class _PoolExecutor(Executor):
             preload=list(o.preload or []),
             start_timeout=o.start_timeout,
             max_jobs_per_worker=o.max_jobs_per_worker,
+            lock_dir=(o.lock_dir or default_lock_dir()) if o.exclusive else None,
         )
 
     @property
@@ -129,6 +136,8 @@ class LocalExecutorOptions:
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
     isolation: str = "visible_devices"  # visible_devices (CUDA_VISIBLE_DEVICES=<id>) | set_device (cuda:<id>)
     health_check: str = "cuda_agent.sandbox.executors.health:cuda_health"
+    exclusive: bool = True  # one job per GPU across every pool on this machine (a lock file per GPU)
+    lock_dir: str = ""  # where those locks live ("" = <tmp>/cuda-agent-locks)
     warm_cuda: bool = True  # workers create their CUDA context before their first job
 
 
@@ -213,6 +222,8 @@ class CpuExecutorOptions:
     max_jobs_per_worker: int = 0
     memory_limit_mb: int = 0  # address-space limit of each worker (0: none)
     threads: int = 0  # OMP/MKL threads per worker (0: library default)
+    exclusive: bool = False  # lock each device label machine-wide (as the GPU pool does)
+    lock_dir: str = ""
 
 
 class CpuExecutor(_PoolExecutor):

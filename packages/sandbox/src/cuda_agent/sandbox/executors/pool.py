@@ -392,6 +392,11 @@ class _Slot:
             timeout = job.timeout if job.timeout is not None else pool.default_timeout
             if timeout is not None and timeout <= 0:
                 timeout = None
+            lock = self._lock_device()
+            if lock is None:  # closed while waiting for the device
+                self._finish(fut, record, error=JobError("closed", f"{pool.name}: the executor was closed",
+                                                         job_id=job.id, device=self.spec.label))
+                continue
             try:
                 result, health = worker.run(job, timeout, record)
             except JobError as exc:
@@ -404,11 +409,44 @@ class _Slot:
                 continue
             finally:
                 self.current = None
+                self._unlock_device(lock)
             self._finish(fut, record, result=result)
             if health or pool.recycle == "always" or not worker.alive() or (
                 pool.max_jobs_per_worker and worker.jobs_run >= pool.max_jobs_per_worker
             ):
                 self._retire(worker)
+
+    def _lock_device(self) -> Any:
+        """Hold the machine-wide lock of this device while a job runs, so that pools of
+        other processes never run a job on the same GPU at the same time. Returns a
+        handle (True when locking is off), or None if the pool closed while waiting."""
+        if not self.pool.lock_dir:
+            return True
+        import fcntl
+
+        os.makedirs(self.pool.lock_dir, exist_ok=True)
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.spec.label)
+        f = open(os.path.join(self.pool.lock_dir, f"device-{safe}.lock"), "a+")
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return f
+            except BlockingIOError:
+                if self.pool.closed:
+                    f.close()
+                    return None
+                time.sleep(0.02)
+
+    @staticmethod
+    def _unlock_device(lock: Any) -> None:
+        if lock is True or lock is None:
+            return
+        import fcntl
+
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        finally:
+            lock.close()
 
     def _keep_after_error(self, worker: _Worker, exc: JobError) -> bool:
         """May ``worker`` serve another job after ``exc``?"""
@@ -460,6 +498,7 @@ class WorkerPool:
         python: str | None = None,
         warm: bool = True,
         keep_records: int = 10000,
+        lock_dir: str | None = None,
     ):
         if not devices:
             raise JobError("invalid", f"{name}: no devices to run jobs on")
@@ -482,6 +521,7 @@ class WorkerPool:
         self.env = dict(env or {})
         self.python = python or sys.executable
         self.log_dir = tempfile.mkdtemp(prefix=f"cuda-agent-{name}-")
+        self.lock_dir = lock_dir or None  # machine-wide per-device job locks (None: off)
         self.closed = False
         self.records: list[JobRecord] = []
         self.keep_records = keep_records
