@@ -324,3 +324,22 @@ def test_build_image_from_local_rootfs_is_checked(tmp_path):
     (tmp_path / "bin").mkdir()
     with pytest.raises(SandboxError, match="lacks bin/bash"):
         import_rootfs(None, tmp_path, "cuda-agent-sandbox:test-never-built")
+
+
+def test_agent_shell_runs_in_the_sandbox(kind, ws):
+    """The agent's persistent bash tool (core) on top of ``session.spawn``."""
+    from cuda_agent.core.tools.base import ToolContext
+    from cuda_agent.core.tools.shell import ShellSession
+
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        ctx = ToolContext(ws.root, protected=ws.protected, spawn=s.spawn)
+        sh = ShellSession(ctx)
+        out, status, timed_out = sh.run("cd kernels && X=7 && echo made > k.cpp", 20)
+        assert status == 0 and not timed_out, out
+        out, status, _ = sh.run("echo $X $(basename $PWD) $(cat k.cpp)", 20)
+        assert out.strip() == "7 kernels made" and status == 0
+        out, status, _ = sh.run("echo hacked > ../model.py", 20)
+        assert status != 0 and ("Permission denied" in out or "Read-only" in out)
+        out, status, timed_out = sh.run("sleep 30", 1)
+        assert timed_out
+        sh.close()
