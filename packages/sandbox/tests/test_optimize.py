@@ -78,7 +78,9 @@ def test_optimize_reports_bad_input_in_one_line(tmp_path, capfd):
     assert "get_inputs" in err and "Traceback" not in err
     good = tmp_path / "m.py"
     good.write_text("class Model:\n    pass\n\ndef get_inputs():\n    return []\n\ndef get_init_inputs():\n    return []\n")
-    assert main(["optimize", str(good), "--out", str(tmp_path / "o")]) == 2  # replay without a recording
+    assert main(["optimize", str(good), "--out", str(tmp_path / "o")]) == 2
+    assert "no policy chosen" in capfd.readouterr().err
+    assert main(["optimize", str(good), "--policy", "replay", "--out", str(tmp_path / "o")]) == 2
     assert "replay needs options.path" in capfd.readouterr().err
     assert main(["optimize", str(good), "--policy", "opnai"]) == 2
     assert "did you mean 'openai'" in capfd.readouterr().err
