@@ -370,7 +370,6 @@ class WorkspaceService:
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"service.{key}: {exc}") from None
 
-
     def _make_compiler(self, compiler: Any) -> Any:
         if compiler is None:
             compiler = getattr(self.workspace, "compiler", None)
