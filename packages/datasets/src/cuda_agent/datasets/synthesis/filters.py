@@ -119,6 +119,8 @@ def init_worker(payload: dict) -> dict:
     }
     if opts.device.startswith("cuda"):
         torch.cuda.init()
+        # get_inputs() and Model() allocate on the GPU directly (no host-side random fill)
+        torch.set_default_device(opts.device)
     return state
 
 

@@ -179,7 +179,15 @@ class Synthesizer:
         return records
 
     # -- run ----------------------------------------------------------------------
-    def run(self, fresh: bool = False, progress: bool = True, on_record: Callable[[dict], None] | None = None) -> dict:
+    def run(
+        self,
+        fresh: bool = False,
+        progress: bool = True,
+        on_record: Callable[[dict], None] | None = None,
+        deadline_s: float | None = None,
+    ) -> dict:
+        """Synthesise until ``num_tasks`` are accepted, ``max_candidates`` are judged or
+        ``deadline_s`` seconds have passed (no new candidates after it; in-flight ones finish)."""
         opts = self.opts
         records = self._load_state(fresh)
         done = {r["index"] for r in records}
@@ -230,6 +238,8 @@ class Synthesizer:
         def items():
             for i in range(max_cand):
                 if len(accepted) >= target:
+                    return
+                if deadline_s is not None and time.monotonic() - t_start > deadline_s:
                     return
                 if i in done:
                     continue
