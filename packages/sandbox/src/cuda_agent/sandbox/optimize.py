@@ -383,3 +383,16 @@ def register(cli: Any) -> None:
         rep = run_optimize(cfg, task, out or _default_out("demo"), model_path=model_path, progress=not quiet,
                            command="demo")
         click.echo(_summary(rep))
+
+    @cli.command("transcript")
+    @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.option("--index", default=-1, type=int, help="Which record of the file (default: the last).")
+    def transcript_cmd(path, index):
+        """Print a stored trajectory (a trajectories.jsonl record) as a Markdown transcript."""
+        store = TrajectoryStore(path)
+        trajs = list(store)
+        if not trajs:
+            raise ConfigError(f"{path}: no complete trajectory record")
+        if not -len(trajs) <= index < len(trajs):
+            raise ConfigError(f"{path} holds {len(trajs)} trajectories; --index {index} is out of range")
+        click.echo(render_transcript(trajs[index]), nl=False)

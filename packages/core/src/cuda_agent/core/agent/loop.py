@@ -295,6 +295,11 @@ class _Runner:
             traj.metadata["seconds"] = time.time() - traj.metadata["started"]
             traj.metadata["context_tokens_used"] = (len(traj.prompt_ids) + len(traj.response_ids)
                                                    if token_level else self.budget.used)
+            calls = [c for t in traj.turns for c in t.tool_calls]
+            results = [r for t in traj.turns for r in t.tool_results]
+            traj.metadata["tool_calls"] = len(calls)
+            traj.metadata["malformed_tool_calls"] = sum(1 for c in calls if c.error)
+            traj.metadata["tool_errors"] = sum(1 for r in results if not r.ok)
         try:
             traj.reward = await asyncio.to_thread(self.env.finalize, traj)
         except Exception as exc:
