@@ -189,12 +189,13 @@ def main() -> int:
     else:
         print("environment: CudaEnvironment (workspace + service per episode), milestone reward")
     print()
-    hdr = ("step", "reward", "turns", "prompt_tok", "resp_tok", "rollout_s", "rollout_tok/s", "train_tok/s", "step_s", "peak_GB",
+    hdr = ("step", "reward", "turns", "prompt_tok", "resp_tok", "rollout_s", "gen_s", "gen_batch", "rollout_tok/s", "train_tok/s", "step_s", "peak_GB",
            "entropy", "clipfrac", "expl_var")
     rows = []
     for h in hist:
         rows.append((str(h["step"]), f"{h.get('reward/mean', float('nan')):.2f}", f"{h.get('turns/mean', 0):.2f}",
                      f"{h.get('prompt/length_mean', 0):.0f}", f"{h.get('response/model_tokens_mean', 0):.0f}", f"{h.get('rollout/seconds', 0):.1f}",
+                     f"{h.get('rollout/generate_seconds', 0):.1f}", f"{h.get('rollout/mean_batch', 0):.1f}",
                      f"{h.get('rollout/tokens_per_s', 0):.0f}", f"{h.get('train/tokens_per_s', 0):.0f}",
                      f"{h.get('step_seconds', 0):.1f}", f"{h.get('memory/peak_gb', 0):.1f}",
                      f"{h.get('actor/entropy', float('nan')):.3f}", f"{h.get('actor/clipfrac', float('nan')):.3f}",

@@ -1,4 +1,8 @@
 import pytest
+import torch
+
+# the suite runs beside other work on two cores: one thread per test process avoids oversubscription
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 def test_toy_reward_rises(tmp_path):
     over = tmp_path / "over.yaml"
     stages = yaml.safe_load(TOY.read_text())["trainer"]["stages"]
-    stages[0]["steps"] = 22
+    stages[0]["steps"] = 16
     over.write_text(yaml.safe_dump({"trainer": {"stages": stages}}))
     cfg = compose([TOY, over], [f"run.output_dir={tmp_path}", "logging.console=false"])
     with Run(cfg, command="train") as run:
@@ -53,7 +53,7 @@ def test_toy_reward_rises(tmp_path):
     print("toy reward curve:", [round(r, 2) for r in rewards])
     assert last > first + 0.3, rewards
     m = _metrics(Path(run.dir))
-    assert len(m) == 22
+    assert len(m) == 16
     for key in ("reward/mean", "pass_rate", "actor/entropy", "actor/approx_kl", "actor/clipfrac",
                 "critic/explained_variance", "response/clipped_ratio", "turns/mean", "rollout/tokens_per_s",
                 "train/tokens_per_s", "step_seconds"):

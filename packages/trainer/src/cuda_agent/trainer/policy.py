@@ -63,7 +63,13 @@ class ActorPolicy:
         return await fut
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(self.gather_s)
+        # gather: keep waiting while new requests arrive (up to 20 windows) or until a batch is full
+        seen = -1
+        for _ in range(20):
+            await asyncio.sleep(self.gather_s)
+            if len(self._pending) == seen or len(self._pending) >= self.max_batch:
+                break
+            seen = len(self._pending)
         while self._pending:
             reqs, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
             try:

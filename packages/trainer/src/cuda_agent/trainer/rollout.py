@@ -23,6 +23,7 @@ class RolloutResult:
     seconds: float
     generated_tokens: int
     generate_seconds: float
+    mean_batch: float = 0.0  # generation requests per batched generate call
 
     @property
     def tokens_per_s(self) -> float:
@@ -32,26 +33,38 @@ class RolloutResult:
 async def _collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any], options: AgentOptions,
                    concurrency: int, samples: int, step: int, on_trajectory: Callable | None,
                    progress: Any) -> list[Trajectory]:
-    sem = asyncio.Semaphore(max(1, concurrency))
-    jobs = [(t, k) for t in tasks for k in range(samples)]
+    """Episodes run in waves of ``concurrency``: a wave's environments are made first (in threads,
+    together), then all its episodes start at once, so their generation requests batch well."""
+    jobs = [(i, t, k) for i, (t, k) in enumerate((t, k) for t in tasks for k in range(samples))]
+    size = max(1, concurrency)
 
-    async def one(i: int, task: Task, k: int) -> Trajectory:
-        async with sem:
-            env = await asyncio.to_thread(make_env, task, i)
-            try:
-                traj = await run_episode(task, policy, env, options)
-            finally:
-                await asyncio.to_thread(env.close)
-            traj.metadata["group"] = f"{task.id}@{step}"
-            traj.metadata["sample"] = k
-            traj.metadata["step"] = step
-            if on_trajectory is not None:
-                on_trajectory(traj)
-            if progress is not None:
-                progress.update(1)
-            return traj
+    async def one(i: int, task: Task, k: int, env: Any) -> Trajectory:
+        try:
+            traj = await run_episode(task, policy, env, options)
+        finally:
+            await asyncio.to_thread(env.close)
+        traj.metadata["group"] = f"{task.id}@{step}"
+        traj.metadata["sample"] = k
+        traj.metadata["step"] = step
+        if on_trajectory is not None:
+            on_trajectory(traj)
+        if progress is not None:
+            progress.update(1)
+        return traj
 
-    return list(await asyncio.gather(*(one(i, t, k) for i, (t, k) in enumerate(jobs))))
+    out: list[Trajectory] = []
+    for w in range(0, len(jobs), size):
+        wave = jobs[w:w + size]
+        envs = await asyncio.gather(*(asyncio.to_thread(make_env, t, i) for i, t, _ in wave),
+                                    return_exceptions=True)
+        failed = next((e for e in envs if isinstance(e, BaseException)), None)
+        if failed is not None:
+            for e in envs:
+                if not isinstance(e, BaseException):
+                    await asyncio.to_thread(e.close)
+            raise failed
+        out.extend(await asyncio.gather(*(one(i, t, k, env) for (i, t, k), env in zip(wave, envs))))
+    return out
 
 
 def collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any], options: AgentOptions,
@@ -75,7 +88,8 @@ def collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any]
     del stats0
     stats = policy.reset_stats() if hasattr(policy, "reset_stats") else {}
     gen_tokens = stats.get("generated_tokens") or sum(sum(t.loss_mask) for t in trajs)
-    return RolloutResult(trajs, seconds, int(gen_tokens), float(stats.get("generate_seconds", 0.0)))
+    mean_batch = stats.get("calls", 0) / stats["batches"] if stats.get("batches") else 0.0
+    return RolloutResult(trajs, seconds, int(gen_tokens), float(stats.get("generate_seconds", 0.0)), mean_batch)
 
 
 def rollout_metrics(trajs: list[Trajectory], max_tokens_per_turn: int | None = None) -> dict:

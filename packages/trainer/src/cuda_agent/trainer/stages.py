@@ -289,6 +289,8 @@ class StageRunner:
                 metrics["rollout/tokens_per_s"] = res.tokens_per_s
                 metrics["rollout/seconds"] = res.seconds
                 metrics["rollout/generated_tokens"] = float(res.generated_tokens)
+                metrics["rollout/generate_seconds"] = res.generate_seconds
+                metrics["rollout/mean_batch"] = res.mean_batch
                 for t in trajs:
                     self.pm.hook.on_trajectory_end(run=self.run, trajectory=t)
             metrics.update(rollout_metrics(trajs))
