@@ -30,13 +30,23 @@ def load_tasks(cfg: DictConfig, pm: Any = None) -> list[Task]:
     """The tasks of ``eval.dataset`` (or the top-level ``dataset``), selected by eval.levels/ids/shard/limit."""
     pm = pm or get_plugin_manager()
     e = cfg.eval
-    spec = _plain(e.get("dataset"))
+    spec = _plain(e.get("dataset")) or {}
+    top = _plain(cfg.get("dataset")) or {}
     where = "eval.dataset"
-    if not spec or not spec.get("name"):
-        spec, where = _plain(cfg.get("dataset")), "dataset"
-    if not spec or not spec.get("name"):
-        # KernelBench levels 1-3 by default; its root comes from $CUDA_AGENT_KERNELBENCH
-        spec, where = {"name": "kernelbench", "options": (_plain(e.get("dataset")) or {}).get("options") or {}}, "eval.dataset"
+    if not spec.get("name"):
+        spec, where = dict(top), "dataset"
+    elif top.get("name") == spec.get("name"):
+        # same plugin as the top-level dataset: its options fill what eval.dataset leaves at the default
+        import dataclasses
+
+        defaults = dataclasses.asdict(pm.get("dataset", spec["name"], where).Options())
+        merged = dict(top.get("options") or {})
+        for k, v in (spec.get("options") or {}).items():
+            if k not in defaults or v != defaults[k]:
+                merged[k] = v
+        spec = {"name": spec["name"], "options": merged}
+    if not spec.get("name"):
+        raise ConfigError("no task set: set eval.dataset.name (e.g. kernelbench)")
     ds = pm.create("dataset", spec, where=where)
     tasks = list(ds.tasks())
     levels = _plain(e.get("levels"))
