@@ -103,6 +103,13 @@ def run_proc(script: str, args: list[str], timeout: float = 600) -> tuple[float,
     return wall, {"ok": ok == "True", "errors": err[:1]}
 
 
+def met(row: dict) -> str:
+    if not row.get("target") or "median" not in row:
+        return ""
+    limit = float(row["target"].replace("<=", "").replace("s", "").strip())
+    return "yes" if row["ok"] and row["median"] <= limit else "NO"
+
+
 def stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else {}
 
@@ -222,13 +229,14 @@ def main() -> int:
 
     print(f"\ncompile time of a one-kernel workspace (axpby), arch {args.arch}, "
           f"{os.cpu_count()} cores, total bench {time.monotonic() - t_start:.0f} s")
-    head = f"{'method':34s} {'case':10s} {'mode':5s} {'n':>2s} {'median s':>9s} {'min':>7s} {'max':>7s} {'units':>5s}  {'target':9s} ok"
+    head = (f"{'method':34s} {'case':10s} {'mode':5s} {'n':>2s} {'median s':>9s} {'min':>7s} {'max':>7s} {'units':>5s}"
+            f"  {'target':9s} {'met':4s} ok")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['method']:34s} {r['case']:10s} {r['mode']:5s} {r.get('n', 0):2d} {r.get('median', float('nan')):9.2f} "
               f"{r.get('min', float('nan')):7.2f} {r.get('max', float('nan')):7.2f} {r['rebuilt']:5d}  {r['target']:9s} "
-              f"{'yes' if r['ok'] else 'NO'}")
+              f"{met(r):4s} {'yes' if r['ok'] else 'NO'}")
     for r in rows:
         if r.get("error") and not r["ok"]:
             print(f"note: {r['method']} failed: {r['error']}")
