@@ -240,3 +240,44 @@ def test_baselines_cached_then_used_by_eval(setup, capsys):
     lines = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
     add = next(x for x in lines if x["task_id"] == "L1/1_Add")
     assert add["correct"] and add["metadata"]["profile"]["baseline_cache"] == "hit"
+
+
+def test_agent_episode_scored_by_its_best_candidate(setup):
+    """`cuda-agent eval` with a policy: an episode on the CPU backend, driven by a scripted
+    OpenAI-compatible server on loopback, writes a kernel, verifies it and is scored."""
+    from cuda_agent.core.agent.testing import ScriptedChatServer, reply, tool_call
+    from cuda_agent.core.config import compose
+    from cuda_agent.evaluation.evaluate import evaluate
+
+    kernel = KERNEL.format(fn="add", expr="a[i] + b[i]")
+    script = [
+        reply("", [tool_call("read", {"path": "model_new.py"})]),
+        reply("", [tool_call("write", {"path": "kernels/add.cpp", "content": kernel}),
+                   tool_call("write", {"path": "model_new.py", "content": MODEL_NEW.format(fn="add")})]),
+        reply("", [tool_call("bash", {"command": "python tools/verify.py"})]),
+        reply("Verified.\nDONE"),
+    ]
+    with ScriptedChatServer(script) as server:
+        cfg = compose([], [
+            "eval.dataset.name=kernelbench",
+            f"eval.dataset.options.root={setup / 'kb'}",
+            "eval.ids=[L1/1_Add]",
+            "policy.name=openai",
+            "policy.options.model=scripted",
+            f"policy.options.base_url={server.base_url}",
+            "policy.options.backoff=0.01",
+            "executor.name=cpu",
+            "backend=cpu",
+            f"run.output_dir={setup / 'runs'}",
+            "eval.progress=false",
+            "eval.profile.options.baselines=false",
+            "logging.console=false",
+        ])
+        out = evaluate(cfg)
+    (task,) = out["report"]["tasks"]
+    assert task["task_id"] == "L1/1_Add" and task["correct"], task
+    assert task["metadata"]["finish_reasons"] == ["done"]
+    assert task["t_candidate_ms"] > 0
+    assert out["report"]["info"]["mode"] == "agent" and out["report"]["info"]["label"] == "openai"
+    traj = [json.loads(x) for x in (Path(out["run_dir"]) / "trajectories.jsonl").read_text().splitlines()]
+    assert len(traj) == 1 and traj[0]["task_id"] == "L1/1_Add"

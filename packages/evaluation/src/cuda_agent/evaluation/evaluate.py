@@ -119,6 +119,11 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
     env_cfg = env_cfg.get("options", env_cfg) if isinstance(env_cfg, dict) else {}
     env_kwargs = {k: v for k, v in env_cfg.items() if k in env_fields}
     env_kwargs["backend"] = opts.backend
+    # the episode's verify/profile requests use eval's options too (precision policy, profiler)
+    service = dict(_plain(cfg.get("service")) or {})
+    for key, extra in (("verify_options", opts.verify_options), ("profile_options", opts.profile_options)):
+        if extra:
+            service[key] = {**(service.get(key) or {}), **extra}
 
     def make_env(task: Task, dest: Path) -> Any:
         return CudaEnvironment(
@@ -129,7 +134,7 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
             sandbox=_plain(cfg.get("sandbox")),
             executor=executor,
             reward=_plain(cfg.get("reward")),
-            service_options=_plain(cfg.get("service")),
+            service_options=service or None,
             pm=pm,
         )
 
