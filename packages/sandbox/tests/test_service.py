@@ -111,6 +111,9 @@ def test_tool_scripts_end_to_end(tmp_path, executor):
     assert not (ws / ".cuda_agent" / "service.sock").exists()
     kinds = [e["kind"] for e in svc.history]
     assert kinds == ["verify", "profile", "profile"]
+    lines = (ws / ".cuda_agent" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(x)["kind"] for x in lines] == kinds
+    assert json.loads(lines[1])["outcome"]["profile"]["candidate"]["median_ms"] > 0
     assert seen == svc.history
     first = svc.history[0]
     assert first["files"]["kernels/axpb.cpp"] == GOOD and first["turn"] == 3
@@ -198,6 +201,20 @@ def test_verify_and_profile_as_one_job(tmp_path, executor):
         (ws / "kernels" / "axpb.cpp").write_text(WRONG)
         out = svc.evaluate()
         assert out.failure is FailureCategory.WRONG_RESULT and out.profile is None
+
+
+def test_score_workspace_without_a_socket(tmp_path, executor):
+    from cuda_agent.sandbox.service import score_workspace
+
+    ws = make_ws(tmp_path / "ws")
+    opts = {"verify_job": "test_service_kit:verify_job", "profile_job": "test_service_kit:profile_job",
+            "compile_in": "inline"}
+    r = score_workspace(ws, TinyGxx(), executor, {"name": "milestone"}, opts)
+    assert r.correct and r.value in (1.0, 2.0, 3.0) and r.raw["t_candidate_ms"] > 0
+    (ws / "kernels" / "axpb.cpp").write_text(BROKEN)
+    r = score_workspace(ws, TinyGxx(), executor, "speedup", opts)
+    assert r.value == -1.0 and r.failure is FailureCategory.COMPILE_ERROR
+    assert r.raw["compile_errors"] and not (ws / ".cuda_agent" / "service.sock").exists()
 
 
 def test_env_variable_and_cwd_discovery(tmp_path, executor):

@@ -70,6 +70,7 @@ class ServiceOptions:
     profile_verifies: bool = True
     reuse_results: bool = True
     history_limit: int = 1000
+    history_file: str = "history.jsonl"  # every request as a JSON line in <ws>/.cuda_agent/ ("" = none)
 
     @classmethod
     def from_any(cls, options: Any) -> "ServiceOptions":
@@ -642,6 +643,7 @@ class WorkspaceService:
                 self.history.append(entry)
                 if len(self.history) > self.options.history_limit:
                     del self.history[: len(self.history) - self.options.history_limit]
+                self._append_history_file(entry)
             if self.on_result is not None:
                 try:
                     self.on_result(entry)
@@ -694,6 +696,17 @@ class WorkspaceService:
             "speedup_vs_compile": p.speedup_vs_compile() if p is not None and p.ok else None,
             "reward": r.value if r is not None else None,
         }
+
+    def _append_history_file(self, entry: dict) -> None:
+        if not self.options.history_file:
+            return
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            line = json.dumps(to_jsonable(entry), default=str)
+            with open(self.state_dir / self.options.history_file, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except (OSError, TypeError, ValueError) as exc:
+            self._log_error(exc)
 
     def _log_error(self, exc: BaseException) -> None:
         self.errors.append("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:])
