@@ -82,6 +82,10 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
         ov.append(f"run.resume={Path(args.resume).resolve()}")
     if args.cpu:
         ov += ["executor.name=cpu", "backend=cpu"]
+    if args.cache:
+        ov.append(f"eval.profile.options.baseline_cache_dir={Path(args.cache).resolve()}")
+    if not args.progress:
+        ov.append("eval.progress=false")
     return ov + list(args.overrides)
 
 
@@ -177,6 +181,9 @@ def main() -> None:
     ap.add_argument("--baselines-only", action="store_true", help="only measure and cache eager/compile baselines")
     ap.add_argument("--merge", nargs="+", metavar="RUN_DIR", help="merge finished runs into one report")
     ap.add_argument("--cpu", action="store_true", help="CPU executor and backend (a dry run without a GPU)")
+    ap.add_argument("--cache", default=str(REPO / ".cache" / "baselines"),
+                    help="baseline cache folder (default: .cache/baselines in the checkout, kept between calls)")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
 
