@@ -329,3 +329,13 @@ def test_two_pools_never_share_a_device(tmp_path):
     finally:
         for e in (a, b, c):
             e.close()
+
+
+def test_executor_check_command(capsys):
+    from cuda_agent.core.cli import main
+
+    code = main(["executor", "check", "executor.name=cpu", "executor.options.preload=[]", "--hang-timeout", "1.5"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "segfault   crash      crash" in out and "timed out after 1.5 s" in out
+    assert out.count("PASS") == 5

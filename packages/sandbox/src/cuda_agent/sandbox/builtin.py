@@ -49,10 +49,12 @@ def register_correctness_checks(register):
 @hookimpl
 def register_commands(cli):
     from .optimize import register
+    from .executors.cli import register_executor_commands
     from .sandboxes.cli import register_sandbox_commands
 
     register(cli)
     register_sandbox_commands(cli)
+    register_executor_commands(cli)
 
 
 @hookimpl
