@@ -150,16 +150,16 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
 
 
 def _extra_environment(cfg: DictConfig, backend: str, executor: Any) -> dict:
-    prof = _plain(cfg.get("profiler")) or {}
-    extra = {
+    """What the config says the numbers are measured with; the jobs' own reports win."""
+    po = _plain(cfg.eval.profile.get("options")) or {}
+    vo = _plain(cfg.eval.verify.get("options")) or {}
+    return {
         "backend": backend,
         "executor": f"{getattr(executor, 'name', '?')} ({_device_count(executor)} device(s))",
-        "profiler": prof.get("name") if isinstance(prof, dict) else None,
+        "profiler": po.get("profiler") or ("wallclock" if backend == "cpu" else "cuda_events"),
+        "precision": po.get("precision") or vo.get("precision") or "fp32-strict",
+        "rules": "enforced" if cfg.eval.get("enforce_rules", True) else "off (no forbidden-op checks)",
     }
-    po = _plain(cfg.eval.profile.get("options")) or {}
-    if "precision" in po:
-        extra["precision"] = po["precision"]
-    return extra
 
 
 def evaluate(cfg: DictConfig, pm: Any = None) -> dict:

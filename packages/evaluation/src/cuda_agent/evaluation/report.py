@@ -71,6 +71,7 @@ ENV_LABELS = [
     ("cuda", "CUDA"),
     ("triton", "triton"),
     ("driver", "driver"),
+    ("rules", "anti-hacking rules"),
     ("python", "Python"),
     ("platform", "platform"),
     ("packages", "cuda-agent packages"),
@@ -126,9 +127,10 @@ def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None =
         if v:
             pkgs[dist.removeprefix("cuda-agent-")] = v
     env["packages"] = pkgs
-    torch_v = _version("torch")
-    if torch_v:
-        env["torch"] = torch_v
+    for dist in ("torch", "triton"):
+        v = _version(dist)
+        if v:
+            env[dist] = v
     # what the measuring jobs reported, for the keys that describe the setup
     seen: dict[str, set] = {}
     for r in results:
