@@ -4,7 +4,9 @@
 Two worker processes time the same problems with two methods:
 
 * ``cuda_events`` -- our default profiler (L2 flushed, inputs rotated, launch overhead and all
-  streams counted, median over a set total time);
+  streams counted, median over a set total time); ``--methods`` adds variants
+  (``cuda_events_sync``: device synchronised around every call; ``cuda_events_noflush``;
+  ``cuda_events_graph``);
 * ``torch_profiler`` -- the paper's method (summed device time under torch.profiler).
 
 The workers take turns problem by problem (process A times problem i, then process B, then
@@ -41,7 +43,7 @@ for sub in ("packages/core/src", "packages/sandbox/src"):
 # label -> (profiler, options over the defaults below)
 PRESETS = {
     "cuda_events": ("cuda_events", {}),
-    "cuda_events_pipelined": ("cuda_events", {"sync_each": False}),
+    "cuda_events_sync": ("cuda_events", {"sync_each": True}),
     "cuda_events_noflush": ("cuda_events", {"flush_l2": False}),
     "cuda_events_graph": ("cuda_events", {"cuda_graph": True}),
     "torch_profiler": ("torch_profiler", {}),

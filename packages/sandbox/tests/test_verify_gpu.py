@@ -33,6 +33,7 @@ SOLUTION = textwrap.dedent(r'''
 
     cuda_src = """
     #include <torch/extension.h>
+    #include <ATen/cuda/CUDAContext.h>
     __global__ void relu_k(const float* x, float* y, long n) {
         long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
         if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;

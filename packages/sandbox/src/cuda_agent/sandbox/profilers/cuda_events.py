@@ -1,19 +1,24 @@
-"""The default GPU profiler: CUDA events around each call, one call at a time.
+"""The default GPU profiler: CUDA events around each call.
 
 Per timed iteration, outside the timed region: the next input set of the rotation is
-chosen (and, if the caller asks, changed in place so that cached results are stale), the
-L2 cache is flushed by writing a buffer twice its size, and the device is synchronised so
-that the GPU is idle. Then a start event is recorded, ``fn(*inputs)`` is called, an end
-event is recorded and the device is synchronised again.
+chosen (and, if the caller asks, changed in place so that cached results are stale) and the
+L2 cache is flushed by writing a buffer twice its size. A start event is recorded on the
+current stream, ``fn(*inputs)`` is called and an end event is recorded.
 
-* The time runs from the call to the end of its last kernel: host-side launch overhead
-  and Python work that keeps the GPU waiting count (the torch profiler's summed kernel
-  time hides them).
-* Work on every stream counts: the end event sees the current stream only, so the host
-  time from just after the start event to the return of a device-wide synchronize is taken
-  as well. When it exceeds the event time by more than the synchronisation latency
-  measured at start-up (by ``escape_slack_ms`` and 5%), work escaped to another stream
-  and that iteration's time is the host time less the latency.
+* Calls are queued back to back (``sync_each=False``, the default): the start event fires
+  when the flush has finished, so a sample is the time from the GPU being free for the
+  call to the end of its last kernel. Host-side launch overhead and Python work count
+  whenever they keep the GPU waiting (the torch profiler's summed kernel time hides them).
+  Measured on an H200 over the KernelBench level-1 references, this mode reproduced
+  across processes as well as the profiler method (median difference 0.04%), while
+  synchronising the device around every call (``sync_each=True``) added host wake-up
+  jitter (median 0.25%, 57 of 71 problems within 1%).
+* Work on every stream counts: first a few calls are synchronised one by one and their
+  host time (just after the start event to the return of a device-wide synchronize) is
+  compared with the event time. If it exceeds the event time by more than the
+  synchronisation latency measured at start-up (by ``escape_slack_ms`` and 5%), work
+  escaped to another stream: every call is then synchronised and timed on the host, less
+  that latency (``method`` gets ``+host``).
 * Warm-up runs until ``warmup_ms`` of calls and ``warmup_iters`` calls have passed (clocks
   up, caches and lazy initialisation done); the number of timed calls is chosen so that
   they add up to ``target_ms`` (between ``min_iters`` and ``max_iters``). The result is the
@@ -76,7 +81,7 @@ class CudaEventsProfiler(Profiler):
         flush_bytes: int = 0  # 0: twice the L2 size
         cuda_graph: bool = False
         all_streams: bool = True
-        sync_each: bool = True  # False: calls queue back to back (host overhead shows only when it limits throughput)
+        sync_each: bool = False  # True: synchronise the device around every call
         escape_slack_ms: float = 0.05
         keep_samples: int = 200
 
