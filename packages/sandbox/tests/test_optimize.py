@@ -33,7 +33,8 @@ def test_demo_ends_with_a_verified_speedup(tmp_path, capfd):
     assert "python tools/profile.py" in transcript and "## Candidates" in transcript
     [traj] = list(TrajectoryStore(out / "trajectories.jsonl"))
     assert traj.best is not None and traj.reward.value >= 1
-    assert traj.metadata["tool_calls"] == 9 and traj.metadata["tool_errors"] == 0
+    errors = [r.content[:300] for t in traj.turns for r in t.tool_results if not r.ok]
+    assert traj.metadata["tool_calls"] == 9 and traj.metadata["tool_errors"] == len(errors) == 0, errors
     capfd.readouterr()
     assert main(["transcript", str(out / "trajectories.jsonl")]) == 0
     assert capfd.readouterr().out == transcript

@@ -13,6 +13,7 @@ Concrete compilers, sandboxes, executors and rewards are reached only through pl
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +101,7 @@ class CudaEnvironment(FolderEnvironment):
         service_options: Any = None,
         pm: Any = None,
     ):
-        from .service import WorkspaceService
+        from .service import ENV_SOCKET, WorkspaceService
         from .workspace import COMPILER_BACKEND, create_workspace
 
         self.options = options or EnvironmentOptions()
@@ -121,6 +122,7 @@ class CudaEnvironment(FolderEnvironment):
         self._lock = threading.Lock()
         self.session = None
         self.service = None
+        self._dirfd: int | None = None
         self._own_executor = None
         try:
             self.session = self._open_sandbox(_spec(sandbox))
@@ -129,7 +131,8 @@ class CudaEnvironment(FolderEnvironment):
                 executor = self._make_executor(executor)
                 self._own_executor = executor
             self.service = WorkspaceService(self.ws, compiler or self.ws.compiler, executor, service_options,
-                                            reward=_spec(reward), on_result=self._on_result).start()
+                                            reward=_spec(reward), on_result=self._on_result,
+                                            socket_path=self._socket_path()).start()
         except BaseException:
             self.close()
             raise
@@ -141,10 +144,22 @@ class CudaEnvironment(FolderEnvironment):
             system_prompt=self.options.system_prompt or CUDA_SYSTEM_PROMPT,
             protected=list(self.ws.protected) + [".cuda_agent"],
             spawn=spawn,
-            env=dict(self.service.env),
+            env={ENV_SOCKET: str(self.ws.service_socket)},
         )
 
     # -- setup --------------------------------------------------------------------------
+
+    def _socket_path(self) -> str | None:
+        """Where the service binds. A path too long for a Unix socket address is reached
+        through a directory descriptor (``/proc/self/fd/N/service.sock``), so the socket
+        still lives in the workspace, where a sandbox with a private /tmp sees it; the tool
+        scripts connect relative to its folder."""
+        real = self.ws.service_socket
+        if len(str(real)) < 100 or not os.path.isdir("/proc/self/fd"):
+            return None
+        real.parent.mkdir(parents=True, exist_ok=True)
+        self._dirfd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY)
+        return f"/proc/self/fd/{self._dirfd}/{real.name}"
 
     def _open_sandbox(self, spec: Any) -> Any:
         if spec is None or (isinstance(spec, dict) and spec.get("name") is None):
@@ -217,6 +232,9 @@ class CudaEnvironment(FolderEnvironment):
         if self.service is not None:
             self.service.close()
             self.service = None
+        if getattr(self, "_dirfd", None) is not None:
+            os.close(self._dirfd)
+            self._dirfd = None
         if self._own_executor is not None:
             self._own_executor.close()
             self._own_executor = None
