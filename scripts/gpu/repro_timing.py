@@ -109,8 +109,13 @@ def worker(args) -> int:
                     return model(*a)
 
                 for name in methods:
+                    before = torch.cuda.memory_stats(dev)
                     t = profilers[name].time(fn, sets, dev)
-                    row[name] = {"median_ms": t.median_ms, "spread": t.spread, "iterations": t.iterations, "method": t.method}
+                    after = torch.cuda.memory_stats(dev)
+                    row[name] = {"median_ms": t.median_ms, "spread": t.spread, "iterations": t.iterations, "method": t.method,
+                                 # allocator events while timing (cudaMalloc calls and OOM retries stall the queue)
+                                 "device_allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
+                                 "alloc_retries": after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)}
         except Exception as exc:  # one failing problem must not stop the benchmark
             row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         finally:
@@ -164,7 +169,7 @@ def main() -> int:
     ap.add_argument("--target-ms", type=float, default=200.0, help="timed total per measurement (cuda_events)")
     ap.add_argument("--warmup-ms", type=float, default=60.0)
     ap.add_argument("--input-sets", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting new problems after this")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new problems after this")
     ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(PRESETS)}")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -226,7 +231,8 @@ def main() -> int:
                 limit = 0.01 if min(a, b) >= 0.05 else 0.03
                 d = rel_diff(a, b)
                 row[m] = {"a_ms": a, "b_ms": b, "diff": d, "limit": limit, "ok": d <= limit,
-                          "spread_a": ra[m]["spread"], "spread_b": rb[m]["spread"], "method_a": ra[m]["method"]}
+                          "spread_a": ra[m]["spread"], "spread_b": rb[m]["spread"], "method_a": ra[m]["method"],
+                          "device_allocs": (ra[m].get("device_allocs", 0), rb[m].get("device_allocs", 0))}
         rows.append(row)
 
     import torch
@@ -269,13 +275,14 @@ def main() -> int:
     worst = sorted((r for r in rows if first in r), key=lambda r: -r[first]["diff"])[:8]
     if worst:
         print()
-        print(f"{'worst (' + first + ')':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}")
+        print(f"{'worst (' + first + ')':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}{'mallocs':>9}")
         for r in worst:
             c = r[first]
             t = r.get("torch_profiler", {})
             tp = f"{t['a_ms']:.4g}" if t else "-"
             td = f"{100 * t['diff']:.2f}%" if t else "-"
-            print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}")
+            ma = "/".join(str(x) for x in c.get("device_allocs", ()))
+            print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}{ma:>9}")
     return 0
 
 
