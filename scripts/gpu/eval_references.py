@@ -169,6 +169,20 @@ def merge(dirs: list[str], out_dir: Path) -> None:
     print("\n" + "\n".join(f"{k}: {v}" for k, v in paths.items()))
 
 
+def export_cache(cache: str | None) -> None:
+    """Copy the baseline cache under $OUT (small JSON files), so that it can be carried
+    into a later call on a fresh machine (place it at .cache/baselines)."""
+    out = os.environ.get("OUT")
+    if not out or not cache or not Path(cache).is_dir():
+        return
+    import shutil
+
+    dest = Path(out) / "baseline-cache"
+    shutil.copytree(cache, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("src", ".tmp-*"))
+    n = sum(1 for _ in dest.glob("*/*.json"))
+    print(f"baseline cache: {n} records copied to {dest}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", help="KernelBench folder (level1/, level2/, level3/)")
@@ -207,7 +221,10 @@ def main() -> None:
         (out / "baselines.json").write_text(json.dumps(rows, indent=2))
         print(_baseline_table(rows))
         fresh = sum(1 for r in rows if not r.get("cached"))
-        print(f"\nbaselines: {len(rows)} tasks ({fresh} measured now) in {wall:.1f} s; {wall / max(fresh, 1):.1f} s per measured task")
+        per = f"; {wall / fresh:.1f} s per measured task" if fresh else " (all from the cache)"
+        failed = [r["task_id"] for r in rows if r.get("eager_ms") is None]
+        print(f"\nbaselines: {len(rows)} tasks ({fresh} measured now, {len(failed)} failed) in {wall:.1f} s{per}")
+        export_cache(args.cache)
         return
 
     from cuda_agent.evaluation.evaluate import evaluate
@@ -230,6 +247,7 @@ def main() -> None:
     summary["run_dir"] = str(res["run_dir"])
     (Path(res["run_dir"]) / "summary.json").write_text(json.dumps(summary, indent=2))
     print_table(report, summary)
+    export_cache(args.cache)
     print(f"\nrun folder: {res['run_dir']}")
 
 
