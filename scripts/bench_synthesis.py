@@ -11,7 +11,7 @@ capture and AOT tracing, no code generation); ``--compile-backend inductor`` run
 full check. The output folder is resumable: rerun the same command to continue.
 
 Usage (repository root): python3 scripts/bench_synthesis.py [-n 1000] [--workers 2]
-    [--shapes tiny] [--out runs/bench_synthesis] [--fresh] [--compile-backend aot_eager]
+    [--shapes small] [--out runs/bench_synthesis] [--fresh] [--compile-backend aot_eager]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--num-tasks", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--shapes", default="tiny", choices=["tiny", "small", "medium", "large"])
+    ap.add_argument("--shapes", default="small", choices=["tiny", "small", "medium", "large"])
     ap.add_argument("--min-ms", type=float, default=0.005)
     ap.add_argument("--max-ms", type=float, default=50.0)
     ap.add_argument("--compile-backend", default="aot_eager")

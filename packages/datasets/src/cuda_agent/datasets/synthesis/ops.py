@@ -109,6 +109,8 @@ class Builder:
         return f"self.{name}"
 
     def extra_input(self, base: str, dims: list[Dim]) -> str:
+        if self.numel(dims) > self.preset.max_numel:
+            raise NotApplicable("second input too large")
         used = {n for n, _ in self.inputs}
         name = base
         k = 2
