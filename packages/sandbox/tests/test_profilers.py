@@ -72,6 +72,13 @@ def test_gpu_profilers_refuse_without_cuda():
         NsightComputeProfiler().time(lambda: None, [[]])
 
 
+def test_nsight_compute_needs_ncu(tmp_path):
+    from cuda_agent.sandbox.profilers.nsight_compute import analyze
+
+    with pytest.raises(ProfilerError, match="ncu not found"):
+        analyze(tmp_path, "cuda", options=NsightComputeProfiler.Options(ncu=str(tmp_path / "no-ncu")))
+
+
 def test_parse_ncu_csv():
     text = textwrap.dedent('''\
         ==PROF== Connected to process 1234

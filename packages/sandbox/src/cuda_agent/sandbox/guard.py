@@ -69,6 +69,7 @@ VIEWS = frozenset(
         "unsqueeze", "contiguous", "detach", "expand", "expand_as", "permute", "transpose",
         "t", "narrow", "select", "split", "chunk", "unbind", "__getitem__", "as_strided",
         "movedim", "swapaxes", "squeeze_", "unsqueeze_", "view_as_real", "view_as_complex",
+        "T", "mT",
     }
 )
 ATEN_ALLOWED = frozenset(
