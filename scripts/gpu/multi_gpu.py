@@ -34,6 +34,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -162,7 +163,9 @@ def make_workspace(root: Path, cpu: bool) -> tuple[Path, dict]:
     ex = tools_dir() / "template" / compiler / "examples"
     model = (ex / "model.py").read_text()
     # large enough that HBM bandwidth, not launch overhead, sets the time on a GPU; small on the CPU
-    model = model.replace("torch.randn(4096, 1024)", "torch.randn(256, 1024)" if cpu else "torch.randn(16384, 4096)")
+    model, k = re.subn(r"torch\.randn\(\d+, \d+\)", "torch.randn(256, 1024)" if cpu else "torch.randn(16384, 4096)", model)
+    if k != 2:
+        raise SystemExit(f"error: unexpected example task in {ex}: input shapes not found")
     ws = create_workspace(Task(id="axpby", source="multi_gpu", code=model), root, backend="cpu" if cpu else "cuda",
                           compiler=compiler)
     files = {"model_new.py": (ex / "model_new.py").read_text()}
