@@ -28,7 +28,7 @@ class ActorPolicy:
     def __init__(self, model: Any, tokenizer: Any, device: Any = None, max_batch: int = 64,
                  temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 512,
                  stop_tokens: tuple[str, ...] = ("<|im_end|>",), gather_ms: float = 5.0, seed: int = 0,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, gather: Any = None):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device or next(model.parameters()).device
@@ -51,6 +51,7 @@ class ActorPolicy:
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
         self.seed = seed
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16: generate under autocast on CUDA
+        self.gather = gather  # () -> context manager making partitioned (ZeRO-3) parameters whole
 
     # -- the agent loop's interface -------------------------------------------------
 
@@ -114,10 +115,12 @@ class ActorPolicy:
             if not greedy:
                 kwargs.update(temperature=temp, top_p=top_p, top_k=0)
             dev = torch.device(self.device)
-            if self.autocast_dtype is not None and dev.type == "cuda":
-                with torch.autocast("cuda", dtype=self.autocast_dtype):
-                    out = self.model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), **kwargs)
-            else:
+            import contextlib
+
+            gathered = self.gather() if self.gather is not None else contextlib.nullcontext()
+            autocast = (torch.autocast("cuda", dtype=self.autocast_dtype)
+                        if self.autocast_dtype is not None and dev.type == "cuda" else contextlib.nullcontext())
+            with gathered, autocast:
                 out = self.model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), **kwargs)
             if was_training:
                 self.model.train()

@@ -340,7 +340,13 @@ class StageRunner:
         if engine != "actor":
             raise ConfigError(f"trainer.rollout.engine={engine!r}: only 'actor' (HF generate on the trained "
                               "weights) runs in-process; vLLM servers are driven through a policy plugin")
-        return ActorPolicy(actor.module, tokenizer, device=actor.device, max_batch=int(r.get("max_batch", 64)),
+        gather = None
+        if getattr(actor, "zero_stage", 0) == 3:
+            import deepspeed
+
+            params = list(actor.module.parameters())
+            gather = lambda: deepspeed.zero.GatheredParameters(params)  # noqa: E731
+        return ActorPolicy(actor.module, tokenizer, gather=gather, device=actor.device, max_batch=int(r.get("max_batch", 64)),
                            temperature=float(r.get("temperature", 1.0)), top_p=float(r.get("top_p", 1.0)),
                            max_new_tokens=int(agent.get("max_tokens_per_turn", r.get("max_new_tokens", 512))),
                            seed=self.seed, autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(
