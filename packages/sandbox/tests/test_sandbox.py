@@ -343,3 +343,31 @@ def test_agent_shell_runs_in_the_sandbox(kind, ws):
         out, status, timed_out = sh.run("sleep 30", 1)
         assert timed_out
         sh.close()
+
+
+def test_service_socket_is_reachable_from_the_sandbox(kind, ws):
+    """The tool scripts talk to the workspace service over .cuda_agent/service.sock: it must
+    stay reachable although the folder is read-only (and the network is cut)."""
+    path = ws.root / ".cuda_agent" / "service.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    os.chmod(path, 0o666)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.sendall(b"SERVICE-OK")
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    code = ("import os, socket; s = socket.socket(socket.AF_UNIX); "
+            "s.connect(os.environ['CUDA_AGENT_SERVICE']); print(s.recv(100).decode())")
+    try:
+        with make_sandbox(kind).open(ws.root, ws.protected) as s:
+            r = s.run(f'python3 -c "{code}"', timeout=30)
+            assert "SERVICE-OK" in r.output, r.output
+            r = s.run("rm -f .cuda_agent/service.sock; ls .cuda_agent/service.sock")
+            assert r.exit_code == 0 and path.exists(), r.output
+    finally:
+        srv.close()
