@@ -244,7 +244,7 @@ class _Runner:
                     text = tokenizer.decode(ids, skip_special_tokens=False)
                     body, closed = fmt.strip_end(text)
                     content, calls = parse_tool_calls(body, id_prefix=f"call_{index}_")
-                    turn.assistant = body.strip()
+                    turn.assistant = content
                 else:
                     reply: ChatReply = await _maybe_await(self.policy.chat(messages, self.schemas, sampling))
                     usage = reply.usage or {}

@@ -27,6 +27,37 @@ def _speed(c: Candidate) -> str:
     return ", ".join(parts) or "-"
 
 
+_LANG = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": "cpp",
+         ".md": "markdown", ".sh": "bash", ".json": "json", ".yaml": "yaml"}
+
+
+def _lang(path: str) -> str:
+    for ext, lang in _LANG.items():
+        if str(path).endswith(ext):
+            return lang
+    return ""
+
+
+def render_call(call) -> list[str]:
+    """Markdown lines of one tool call (file contents and commands shown as code)."""
+    a = call.arguments if isinstance(call.arguments, dict) else {}
+    name = call.name or "(unnamed call)"
+    path = a.get("path") if isinstance(a.get("path"), str) else None
+    if call.error:
+        return [f"**{name}** (malformed)", "", _fence(call.raw_arguments or "", "text"), ""]
+    if name == "bash" and isinstance(a.get("command"), str):
+        bg = " (background)" if a.get("run_in_background") else ""
+        return [f"**bash**{bg}", "", _fence(a["command"], "bash"), ""]
+    if name == "write" and path and isinstance(a.get("content"), str):
+        return [f"**write** `{path}`", "", _fence(a["content"], _lang(path)), ""]
+    if name == "edit" and path:
+        return [f"**edit** `{path}`", "", _fence(str(a.get("old_string", "")), _lang(path)), "",
+                "becomes", "", _fence(str(a.get("new_string", "")), _lang(path)), ""]
+    if name == "read" and path and set(a) <= {"path"}:
+        return [f"**read** `{path}`", ""]
+    return [f"**{name}**", "", _fence(json.dumps(a, indent=2), "json"), ""]
+
+
 def candidate_table(traj: Trajectory) -> str:
     rows = ["| turn | correct | speed | failure | files |", "| --- | --- | --- | --- | --- |"]
     for c in traj.candidates:
@@ -54,27 +85,24 @@ def render_transcript(trajectory: Trajectory, max_result_chars: int = 4000) -> s
         model_tokens = sum(t.loss_mask)
         out.append(f"- tokens: prompt {len(t.prompt_ids)}, response {len(t.response_ids)} ({model_tokens} from the model)")
     for key in ("policy", "model", "error"):
-        if key in t.metadata:
+        if t.metadata.get(key):
             out.append(f"- {key}: {t.metadata[key]}")
     out.append("")
     for m in t.messages:  # the prompt: messages before the first answer
         if m.get("role") not in ("system", "user"):
             break
-        out += [f"## {m['role']}", "", _fence(str(m.get("content") or ""), "text"), ""]
+        body = _fence(str(m.get("content") or ""), "text")
+        if m.get("role") == "system":  # long and the same every time: folded
+            out += ["<details><summary>system prompt</summary>", "", body, "", "</details>", ""]
+        else:
+            out += [f"## {m['role']}", "", body, ""]
     for turn in t.turns:
         out += [f"## Turn {turn.index}" + (f" ({turn.seconds:.1f} s)" if turn.seconds else ""), ""]
         if turn.assistant.strip():
             out += [turn.assistant.strip(), ""]
         results = {r.call_id: r for r in turn.tool_results}
         for call in turn.tool_calls:
-            if call.error and not call.arguments:
-                args = call.raw_arguments
-            else:
-                args = json.dumps(call.arguments, indent=2)
-            if call.name == "bash" and isinstance(call.arguments.get("command"), str):
-                out += ["**bash**", "", _fence(call.arguments["command"], "bash"), ""]
-            else:
-                out += [f"**{call.name or '(unnamed call)'}**", "", _fence(args, "json"), ""]
+            out += render_call(call)
             res = results.get(call.id)
             if res is not None:
                 text = res.content
