@@ -339,3 +339,24 @@ def test_symlinks_refused(tmp_path):
     (ws.root / "kernels" / "sub").mkdir()
     (ws.root / "kernels" / "sub" / "x.cpp").write_text('#include "../common.h"\n' + ADD_CPP)
     assert gxx(tmp_path).build(ws.root).ok
+
+
+def test_cache_prune_keeps_recent_entries(tmp_path):
+    from cuda_agent.sandbox.buildcache import BuildCache
+
+    cache = BuildCache(tmp_path / "c")
+    paths = []
+    for i in range(5):
+        p = cache.object_path(f"{i:02d}" + "a" * 62)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x" * 1000)
+        import os
+
+        os.utime(p, (1000 + i, 1000 + i))
+        paths.append(p)
+    cache.touch(paths[0])  # used just now
+    removed, freed = cache.prune(2500)
+    assert removed == 3 and freed == 3000
+    assert paths[0].exists() and paths[4].exists()
+    assert not paths[1].exists() and not paths[2].exists() and not paths[3].exists()
+    assert cache.size() == 2000

@@ -111,6 +111,49 @@ class BuildCache:
         os.close(fd)
         return Path(tmp)
 
+    def touch(self, path: Path) -> None:
+        """Mark a cache entry as used now (pruning removes the least recently used first)."""
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def size(self) -> int:
+        total = 0
+        for sub in ("objects", "libs", "pch"):
+            for p in (self.root / sub).rglob("*"):
+                with contextlib.suppress(OSError):
+                    if p.is_file():
+                        total += p.stat().st_size
+        return total
+
+    def prune(self, max_bytes: int) -> tuple[int, int]:
+        """Delete least recently used objects and libraries until the cache holds at most
+        ``max_bytes``; returns (files removed, bytes freed). Precompiled headers stay."""
+        entries = []
+        keep = 0
+        for sub in ("objects", "libs", "pch"):
+            for p in (self.root / sub).rglob("*"):
+                try:
+                    st = p.stat()
+                except OSError:
+                    continue
+                if not p.is_file():
+                    continue
+                if sub == "pch":
+                    keep += st.st_size
+                else:
+                    entries.append((st.st_mtime, st.st_size, p))
+        total = keep + sum(e[1] for e in entries)
+        removed = freed = 0
+        for _mtime, size, p in sorted(entries):
+            if total <= max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                p.unlink()
+                total -= size
+                freed += size
+                removed += 1
+        return removed, freed
+
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
         """An exclusive lock across processes (e.g. while building a shared header)."""

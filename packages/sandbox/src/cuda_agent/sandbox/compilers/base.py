@@ -61,6 +61,7 @@ class CommonOptions:
     memory_mb: int = 0
     file_size_mb: int = 2048
     extra_flags: list[str] = field(default_factory=list)
+    cache_max_gb: float = 20.0  # least recently used objects/libraries beyond this are deleted; 0 = never
 
 
 def build_dir_of(workspace: Path) -> Path:
@@ -182,6 +183,9 @@ class IncrementalCompiler(Compiler):
 
         cache = self.cache
         todo = [u for u in units if not cache.object_path(u.key).exists()]
+        for u in units:
+            if u not in todo:
+                cache.touch(cache.object_path(u.key))
         logs: list[str] = []
         failed: list[str] = []
         if todo:
@@ -218,6 +222,7 @@ class IncrementalCompiler(Compiler):
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+        cache.touch(lib)
         atomic_copy(lib, build_dir / artifact)
         for old in build_dir.glob(f"{self.artifact_stem}-*.so"):
             if old.name != artifact:
@@ -236,8 +241,17 @@ class IncrementalCompiler(Compiler):
             "built_at": time.time(),
         }
         atomic_write(build_dir / MANIFEST, json.dumps(manifest, indent=1))
+        self._maybe_prune()
         return CompileResult(ok=True, artifact=str(build_dir / artifact), log=log_tail(log),
                              seconds=time.monotonic() - t0, cached=not todo, rebuilt_units=rebuilt)
+
+    def _maybe_prune(self) -> None:
+        """Every 100 linking builds of this compiler object, trim the cache to its budget."""
+        self._builds = getattr(self, "_builds", 0) + 1
+        if self.options.cache_max_gb > 0 and self._builds % 100 == 1:
+            with contextlib.suppress(OSError):
+                with self.cache.lock("prune"):
+                    self.cache.prune(int(self.options.cache_max_gb * (1 << 30)))
 
     def _compile_unit(self, root: Path, unit: Unit) -> tuple[bool, str]:
         cache = self.cache
