@@ -14,7 +14,7 @@ import socket
 import sys
 
 SOCKET_REL = os.path.join(".cuda_agent", "service.sock")
-MAX_UNIX_PATH = 100
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes, the final NUL included
 
 
 def candidates():

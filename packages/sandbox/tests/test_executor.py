@@ -24,6 +24,7 @@ S = "cuda_agent.sandbox.executors.selftest:"
 
 def cpu(**kw) -> CpuExecutor:
     kw.setdefault("preload", [])
+    kw.setdefault("warm_plugins", False)
     kw.setdefault("timeout", 20.0)
     return CpuExecutor(CpuExecutorOptions(**kw))
 
@@ -195,7 +196,8 @@ def test_crash_on_one_device_does_not_disturb_others():
 
 
 def test_local_executor_on_fake_gpu_ids_sets_visible_devices():
-    e = LocalExecutor(LocalExecutorOptions(devices="3,5", preload=[], health_check="", warm_cuda=False, timeout=20))
+    e = LocalExecutor(LocalExecutorOptions(devices="3,5", preload=[], health_check="", warm_cuda=False,
+                                           warm_plugins=False, timeout=20))
     try:
         assert e.devices == ["3", "5"]
         futs = [e.submit(Job(S + "sleep", {"seconds": 0.5})) for _ in range(4)]
@@ -334,7 +336,8 @@ def test_two_pools_never_share_a_device(tmp_path):
 def test_executor_check_command(capsys):
     from cuda_agent.core.cli import main
 
-    code = main(["executor", "check", "executor.name=cpu", "executor.options.preload=[]", "--hang-timeout", "1.5"])
+    code = main(["executor", "check", "executor.name=cpu", "executor.options.preload=[]",
+                 "executor.options.warm_plugins=false", "--hang-timeout", "1.5"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "segfault   crash      crash" in out and "timed out after 1.5 s" in out

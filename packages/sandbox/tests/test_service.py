@@ -55,7 +55,7 @@ def make_ws(root: Path, kernel: str = GOOD) -> Path:
 
 @pytest.fixture(scope="module")
 def executor():
-    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], timeout=30))
+    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30))
     ex.start()
     yield ex
     ex.close()
@@ -237,9 +237,14 @@ def test_long_workspace_path(tmp_path, executor):
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     ws = make_ws(deep / "ws")
     with service(ws, executor):
-        assert len(str(ws / ".cuda_agent" / "service.sock")) > 108
+        sock = ws / ".cuda_agent" / "service.sock"
+        assert len(str(sock)) > 108
+        assert sock.is_socket() and not sock.is_symlink()  # the real socket, visible through any mount
         r = tool(ws, "compile")
         assert r.returncode == 0, r.stdout
+        from cuda_agent.sandbox.service import connect
+
+        connect(sock).close()
 
 
 def test_service_options_are_checked(tmp_path):

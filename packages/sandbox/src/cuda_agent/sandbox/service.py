@@ -50,7 +50,7 @@ from .executors.jobs import Job, JobError, format_seconds
 SOCKET_NAME = "service.sock"
 STATE_DIR = ".cuda_agent"
 ENV_SOCKET = "CUDA_AGENT_SERVICE"
-_MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
+_MAX_UNIX_PATH = 107  # sun_path is 108 bytes on Linux, the final NUL included
 
 
 @dataclass
@@ -410,6 +410,7 @@ class WorkspaceService:
                 default_timeout=self.options.compile_timeout,
                 recycle="never",
                 spares=0,
+                preload=[type(self.compiler).__module__],  # the toolchain is loaded before the first build
                 memory_limit_mb=self.options.compile_memory_mb,
                 start_timeout=120.0,
             )
@@ -427,11 +428,22 @@ class WorkspaceService:
         if os.path.lexists(path):
             os.unlink(path)
         bind_path = path
-        if len(path) >= _MAX_UNIX_PATH:  # too long for sun_path: bind short, link from the workspace
-            fd, bind_path = tempfile.mkstemp(prefix="cuda-agent-", suffix=".sock")
-            os.close(fd)
-            os.unlink(bind_path)
-        self._server = _UnixHTTPServer(bind_path, self)
+        dir_fd = None
+        if len(path) >= _MAX_UNIX_PATH:  # too long for sun_path
+            if os.path.isdir("/proc/self/fd"):  # bind through the folder's descriptor: same file, short name
+                dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+                bind_path = f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}"
+            else:  # bind in the temp folder and link from the workspace
+                fd, bind_path = tempfile.mkstemp(prefix="cuda-agent-", suffix=".sock")
+                os.close(fd)
+                os.unlink(bind_path)
+        try:
+            self._server = _UnixHTTPServer(bind_path, self)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        if dir_fd is not None:
+            bind_path = path
         os.chmod(bind_path, 0o666)
         if bind_path != path:
             os.symlink(bind_path, path)
@@ -734,7 +746,14 @@ def connect(socket_path: str | Path, timeout: float = 3600.0) -> socket.socket:
     s.settimeout(timeout)
     if len(path) >= _MAX_UNIX_PATH:
         target = os.path.realpath(path)
-        s.connect(target if len(target) < _MAX_UNIX_PATH else path)
+        if len(target) < _MAX_UNIX_PATH:
+            s.connect(target)
+        else:
+            dir_fd = os.open(os.path.dirname(target), os.O_RDONLY)
+            try:
+                s.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(target)}")
+            finally:
+                os.close(dir_fd)
     else:
         s.connect(path)
     return s

@@ -28,3 +28,10 @@ def cuda_init(device: str = "cuda:0") -> None:
     if torch is not None and torch.cuda.is_available():
         torch.zeros(1, device=device)
         torch.cuda.synchronize(device)
+
+
+def warm_plugins(device: str = "") -> None:
+    """Load the plugin registry now (jobs look up profilers and checks through it)."""
+    from cuda_agent.core.plugins import get_plugin_manager
+
+    get_plugin_manager().all_components()

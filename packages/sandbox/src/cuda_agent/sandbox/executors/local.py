@@ -80,6 +80,7 @@ class _PoolExecutor(Executor):
             start_timeout=o.start_timeout,
             max_jobs_per_worker=o.max_jobs_per_worker,
             lock_dir=(o.lock_dir or default_lock_dir()) if o.exclusive else None,
+            init=["cuda_agent.sandbox.executors.health:warm_plugins"] if o.warm_plugins else [],
         )
 
     @property
@@ -131,7 +132,8 @@ class LocalExecutorOptions:
     timeout: float = 180.0  # default per-job timeout in seconds (jobs may set their own)
     recycle: str = "always"  # always | on_error | never: when a worker process is replaced
     spares: int = 1  # warm workers waiting per GPU (torch imported, CUDA context made), so a replaced worker costs no wait
-    preload: list[str] = field(default_factory=lambda: ["torch"])
+    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
+    warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
     isolation: str = "visible_devices"  # visible_devices (CUDA_VISIBLE_DEVICES=<id>) | set_device (cuda:<id>)
@@ -203,7 +205,7 @@ class LocalExecutor(_PoolExecutor):
         kw = super().pool_kwargs()
         kw["health_check"] = self.options.health_check or None
         if self.options.warm_cuda:
-            kw["init"] = ["cuda_agent.sandbox.executors.health:cuda_init"]
+            kw["init"] = [*kw["init"], "cuda_agent.sandbox.executors.health:cuda_init"]
         return kw
 
 
@@ -217,7 +219,8 @@ class CpuExecutorOptions:
     timeout: float = 180.0
     recycle: str = "always"
     spares: int = 1  # warm workers waiting per CPU slot
-    preload: list[str] = field(default_factory=lambda: ["torch"])
+    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
+    warm_plugins: bool = True
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0
     memory_limit_mb: int = 0  # address-space limit of each worker (0: none)
