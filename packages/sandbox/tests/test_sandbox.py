@@ -371,3 +371,29 @@ def test_service_socket_is_reachable_from_the_sandbox(kind, ws):
             assert r.exit_code == 0 and path.exists(), r.output
     finally:
         srv.close()
+
+
+def test_local_without_isolation_still_limits_and_kills(ws):
+    """isolation: none (what a non-root user gets): limits, clean environment and
+    process-group kills still hold."""
+    sb = LocalSandbox(LocalSandbox.Options(isolation="none", **LIMITS))
+    with sb.open(ws.root, ws.protected) as s:
+        assert s.mode == "none"
+        r = s.run("echo $HOME; head -c 40M /dev/zero > kernels/big.bin; echo rc=$?")
+        assert "rc=0" not in r.output and ".cuda_agent/tmp" in r.output
+        r = s.run("(sleep 61.4321; echo late > kernels/late.txt) & sleep 61.4321", timeout=1)
+        assert r.timed_out
+        time.sleep(1.5)
+        assert not (ws.root / "kernels" / "late.txt").exists()
+        out = subprocess.run(["pgrep", "-f", "^sleep 61.4321$"], capture_output=True, text=True).stdout
+        assert out.strip() == ""
+
+
+def test_bad_options_are_one_line_errors(ws):
+    from cuda_agent.core.errors import ConfigError
+    from cuda_agent.sandbox.sandboxes import SandboxError
+
+    with pytest.raises(SandboxError, match="isolation must be"):
+        LocalSandbox(LocalSandbox.Options(isolation="chroot")).open(ws.root, ws.protected)
+    with pytest.raises(ConfigError, match="unknown option"):
+        get_plugin_manager().create("sandbox", {"name": "local", "options": {"netwrok": True}})
