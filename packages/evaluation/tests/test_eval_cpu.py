@@ -158,10 +158,14 @@ EXPECTED = {
 }
 
 
-def test_score_folder_on_cpu(setup):
+def test_score_folder_on_cpu(setup, capsys):
+    from cuda_agent.core.cli import main
     from cuda_agent.core.config import compose
     from cuda_agent.evaluation.evaluate import evaluate
 
+    # baselines first: measured once into the cache, where the profiling job finds them
+    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false"]) == 0
+    assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in capsys.readouterr().out
     cfg = compose([], overrides(setup) + ["eval.progress=false"])
     out = evaluate(cfg)
     report = out["report"]
@@ -170,6 +174,7 @@ def test_score_folder_on_cpu(setup):
     add = next(t for t in report["tasks"] if t["task_id"] == "L1/1_Add")
     assert add["correct"] and add["t_candidate_ms"] > 0 and add["t_eager_ms"] > 0
     assert add["speedup_vs_eager"] is not None and add["speedup_vs_compile"] is not None
+    assert add["metadata"]["profile"]["baseline_cache"] == "hit"
     m = report["metrics"]["overall"]
     assert m["n"] == 5 and m["n_correct"] == 1 and m["pass_rate"] == pytest.approx(0.2)
     assert m["failures"]["wrong_result"] == 1 and m["failures"]["forbidden_op"] == 1
@@ -222,24 +227,6 @@ def test_cli_resume_after_kill(setup):
     assert len(ids) == len(set(ids)), f"a finished task was scored again: {ids}"
     assert {x["task_id"]: x["failure"] for x in lines} == EXPECTED
     assert "faster than compile" in res.stdout and (run_dir / "report.html").exists()
-
-
-def test_baselines_cached_then_used_by_eval(setup, capsys):
-    from cuda_agent.core.cli import main
-
-    ov = overrides(setup) + ["eval.ids=[L1/1_Add]", "eval.progress=false"]
-    assert main(["baselines", *ov]) == 0
-    out = capsys.readouterr().out
-    assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in out
-    assert main(["baselines", *ov]) == 0
-    out = capsys.readouterr().out
-    assert "1 tasks (0 measured now, 1 from the cache, 0 failed)" in out
-    assert main(["eval", *ov]) == 0
-    capsys.readouterr()
-    (run_dir,) = (setup / "runs").iterdir()
-    lines = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
-    add = next(x for x in lines if x["task_id"] == "L1/1_Add")
-    assert add["correct"] and add["metadata"]["profile"]["baseline_cache"] == "hit"
 
 
 def test_agent_episode_scored_by_its_best_candidate(setup):
