@@ -52,6 +52,9 @@ def setup_fs(cfg):
     for d, size in cfg["scratch"]:
         if os.path.isdir(d):
             replace.append((d, size))
+    for d in cfg.get("hide", []):
+        if os.path.isdir(d) and not os.path.islink(d):
+            replace.append((d, 1))
     for p, _ in expose:
         parts = p.strip("/").split("/")
         for i in range(1, len(parts)):

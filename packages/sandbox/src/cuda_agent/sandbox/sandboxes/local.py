@@ -9,8 +9,10 @@ What holds where (Linux):
 * as root (``isolation: auto`` or ``user``): each session runs under its own unprivileged
   user id (RLIMIT_NPROC then bounds a fork bomb), in new mount, PID and network
   namespaces (``unshare``): no network (only a down loopback), private size-limited
-  tmpfs on /tmp, /var/tmp and /dev/shm, closed folders on the way to the workspace and the
-  Python installation (e.g. /root) replaced by empty ones exposing only those paths,
+  tmpfs on /tmp, /var/tmp and /dev/shm; /home, /root, /mnt, /media, /srv, the workspace's
+  parent folder and closed folders on the way to the workspace and the Python
+  installation shown empty, except for those two paths (system folders such as /usr and
+  /etc stay readable, as the shell and Python need them);
   ``no_new_privs``. Protected files are ``root``-owned and read-only; the workspace folder
   is sticky and closed to other users, so other workspaces cannot be read.
 * not root: limits, process group and watchdog only; if unprivileged user namespaces
@@ -57,6 +59,8 @@ class LocalOptions:
     uid_base: int = 61000
     uid_count: int = 4000
     expose: list[str] = field(default_factory=list)  # extra read-only paths to keep visible
+    # folders shown empty (isolation: user); the workspace's parent is hidden too
+    hide: list[str] = field(default_factory=lambda: ["/home", "/root", "/mnt", "/media", "/srv"])
     path: str = ""  # PATH inside; default: this Python's bin folder, then the system's
 
 
@@ -134,6 +138,9 @@ class LocalSession(SandboxSession):
             else:
                 _warn_once("local sandbox: not root, so no separate user, namespaces or protected "
                            "files beyond chmod; use the docker sandbox for isolation")
+        elif is_root():
+            _warn_once("local sandbox: isolation 'none' as root: commands run as root and can change "
+                       "protected files; only limits and timeouts apply")
         if self.mode == "user":
             lock_dir = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids"
             self.lease = UidLease(self.workspace, o.uid_base, o.uid_count, lock_dir)
@@ -200,7 +207,10 @@ class LocalSession(SandboxSession):
         if self.mode == "user":
             assert self.lease is not None
             rl["RLIMIT_NPROC"] = o.nproc
-            cfg.update(uid=self.lease.uid, gid=self.lease.gid, mount=True, expose=self._expose(),
+            hide = [*o.hide]
+            if str(self.workspace.parent) != "/":
+                hide.append(str(self.workspace.parent))
+            cfg.update(uid=self.lease.uid, gid=self.lease.gid, mount=True, expose=self._expose(), hide=hide,
                        scratch=[["/tmp", o.tmp_mb], ["/var/tmp", o.tmp_mb], ["/dev/shm", o.tmp_mb]])
             flags = ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
             if not o.network:
