@@ -71,6 +71,43 @@ print("RESULT", json.dumps({"ok": r.ok, "seconds": time.monotonic() - t0, "insid
 """
 
 
+RUN_SCRIPT = r"""
+import importlib.util, sys, torch
+ws = sys.argv[1]
+sys.path.insert(0, ws)
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, f"{ws}/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+ref, new = load("model"), load("model_new")
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+m0 = ref.Model(*ref.get_init_inputs()).to(dev)
+m1 = new.ModelNew(*ref.get_init_inputs()).to(dev)
+xs = [x.to(dev) for x in ref.get_inputs()]
+ok = torch.allclose(m0(*xs), m1(*xs), atol=1e-5, rtol=1e-5)
+torch.cuda.synchronize() if dev == "cuda" else None
+print("RESULT", ok, dev)
+"""
+
+
+def run_check(compiler: str, work: Path, cache: Path, arch: str) -> dict:
+    """Build the example and run ModelNew against Model on the GPU (fresh process)."""
+    from cuda_agent.sandbox.compilers import CppExtensionCompiler, NvccCompiler
+
+    cls = CppExtensionCompiler if compiler == "cpp_extension" else NvccCompiler
+    ws = make_workspace(work / f"run-{compiler}", compiler)
+    r = cls(cls.Options(cache_dir=str(cache), arch=arch)).build(ws)
+    if not r.ok:
+        return {"compiler": compiler, "ok": False, "detail": "; ".join(r.errors)[:200]}
+    p = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(ws)], capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")), "")
+    if not line:
+        return {"compiler": compiler, "ok": False, "detail": p.stderr.strip()[-200:]}
+    _, ok, dev = line.split()
+    return {"compiler": compiler, "ok": ok == "True", "detail": f"ran on {dev}"}
+
+
 def make_workspace(root: Path, compiler: str) -> Path:
     from cuda_agent.core.types import Task
     from cuda_agent.sandbox.workspace import create_workspace
@@ -200,6 +237,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-compile-"))
     cache = work / "cache"
     rows: list[dict] = []
+    checks: list[dict] = []
     t_start = time.monotonic()
     try:
         if not args.no_paper:
@@ -224,6 +262,7 @@ def main() -> int:
         bench_ours("cpp_extension", work, cache, args.arch, args.reps, rows, first=True)
         if not args.no_nvcc:
             bench_ours("nvcc", work, cache, args.arch, args.reps, rows, first=False)
+        checks = [run_check(c, work, cache, args.arch) for c in ("cpp_extension", "nvcc")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -241,10 +280,12 @@ def main() -> int:
         if r.get("error") and not r["ok"]:
             print(f"note: {r['method']} failed: {r['error']}")
     print("units = compile units rebuilt; proc = fresh process (Python start + imports); warm = resident service")
+    for c in checks:
+        print(f"built example runs ({c['compiler']}): {'correct' if c['ok'] else 'FAILED'} ({c['detail']})")
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "bench_compile.json").write_text(json.dumps(rows, indent=1))
+        (Path(out) / "bench_compile.json").write_text(json.dumps({"rows": rows, "checks": checks}, indent=1))
     return 0
 
 
