@@ -59,7 +59,8 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
     """Evaluate a policy (or a folder of solutions) on a task set; KernelBench L1-L3 by default.
 
     ARGS are config files and key=value overrides. Results, results.json, report.md and
-    report.html go to the run folder. Interrupted runs continue with --resume RUN_DIR.
+    report.html go to the run folder. An interrupted run continues with --resume RUN_DIR
+    (its saved config is used; finished tasks are not redone).
     """
     from cuda_agent.core.config import compose
 
@@ -73,6 +74,11 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
         for kind, p in paths.items():
             click.echo(f"{kind}: {p}")
         return
+    if resume:
+        saved = Path(resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
+        files = [str(saved), *files]  # the run's own config first; arguments given now come after
     overrides += _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids)
     cfg = compose(files, overrides)
     out = evaluate(cfg)

@@ -371,11 +371,14 @@ def _info_lines(report: dict) -> list[str]:
         ("policy", "policy"),
         ("generated", "generated"),
         ("wall_seconds", "wall time (s)"),
+        ("unmatched_solutions", "solutions matching no task"),
     ):
         if i.get(key) not in (None, ""):
             v = i[key]
             if key == "wall_seconds":
                 v = f"{float(v):.1f}"
+            elif isinstance(v, list):
+                v = f"{len(v)} ({', '.join(map(str, v[:5]))}{', ...' if len(v) > 5 else ''})"
             out.append(f"{label}: {v}")
     return out
 
