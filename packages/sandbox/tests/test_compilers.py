@@ -360,3 +360,12 @@ def test_cache_prune_keeps_recent_entries(tmp_path):
     assert paths[0].exists() and paths[4].exists()
     assert not paths[1].exists() and not paths[2].exists() and not paths[3].exists()
     assert cache.size() == 2000
+
+
+@NEEDS_NVCC
+def test_nvcc_refuses_torch_bindings(tmp_path):
+    ws = create_workspace(Task(id="t", source="test", code=TASK), tmp_path / "ws", backend="cuda", compiler="nvcc")
+    shutil.copy(EXAMPLES / "nvcc" / "examples" / "kernels" / "axpby_kernel.cu", ws.root / "kernels" / "axpby.cu")
+    (ws.root / "kernels" / "axpby_binding.cpp").write_text("#include <torch/extension.h>\n")
+    r = NvccCompiler(NvccCompiler.Options(cache_dir=str(tmp_path / "cache"))).build(ws.root)
+    assert not r.ok and "cpp_extension" in r.errors[0] and r.errors[0].startswith("kernels/axpby_binding.cpp:1:")

@@ -106,6 +106,10 @@ class IncrementalCompiler(Compiler):
     def no_sources_message(self) -> str:
         return "kernels/ holds no source file to build"
 
+    def layout_errors(self, root: Path) -> list[str]:
+        """Files this compiler would silently ignore, as errors the agent can act on."""
+        return []
+
     # -- machinery -----------------------------------------------------------------
 
     @property
@@ -147,7 +151,7 @@ class IncrementalCompiler(Compiler):
         root = Path(workspace).resolve()
         build_dir = Path(build_dir) if build_dir else build_dir_of(root)
         build_dir.mkdir(parents=True, exist_ok=True)
-        bad = check_sources(root, kernel_files(root))
+        bad = check_sources(root, kernel_files(root)) + self.layout_errors(root)
         if bad:
             return self._fail(t0, bad[: self.options.max_errors], "\n".join(bad), build_dir)
         units = self.units(root)

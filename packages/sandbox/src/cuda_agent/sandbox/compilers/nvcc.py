@@ -61,6 +61,11 @@ class NvccCompiler(IncrementalCompiler):
             units.append(Unit(src, lambda out, s=src: [cxx, *self.cxx_flags(), s, "-o", out]))
         return units
 
+    def layout_errors(self, root: Path) -> list[str]:
+        return [f"{src}:1: error: *_binding.cpp files are for the cpp_extension compiler; with nvcc there are "
+                'no bindings: export extern "C" launchers from .cu files and call them from model_new.py'
+                for src in agent_sources(root, (".cpp",), only_suffix="_binding.cpp")]
+
     def no_sources_message(self) -> str:
         return "kernels/ holds no .cu file to build"
 
