@@ -39,7 +39,7 @@ _common = [
     click.option("--limit", type=int, default=None, help="Only the first N tasks."),
     click.option("--ids", default=None, help="Only these task ids (comma separated; globs allowed)."),
     click.option("--shard", default=None, help="i/n: the i-th of n interleaved slices of the tasks."),
-    click.option("--workers", type=int, default=None, help="Tasks in flight at once (default: 2 per device)."),
+    click.option("--workers", type=int, default=None, help="Tasks in flight at once (default: 2 per device for solutions, 8 for agents)."),
 ]
 
 

@@ -203,7 +203,9 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
                 scorer = _agent_scorer(cfg, pm, executor, opts, run)
                 info.update(mode="agent", policy=cfg.policy.name)
                 label = str(cfg.policy.name)
-            workers = int(e.get("workers") or 0) or 2 * _device_count(executor)
+            # episodes wait mostly on the model, solutions mostly on the GPU
+            per_device = 2 if solutions is not None else 8
+            workers = int(e.get("workers") or 0) or per_device * _device_count(executor)
             results = run_tasks(
                 tasks,
                 scorer.score,
