@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="docker.io debootstrap"
+APT_PACKAGES="docker.io debootstrap chromium"
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   need=""
   for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
@@ -17,6 +17,7 @@ fi
 
 echo "== pip install -r requirements-dev.txt"
 python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+python3 -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check --no-deps "deepspeed>=0.15"
 
 if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
   echo "== starting dockerd"

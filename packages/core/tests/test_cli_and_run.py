@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import yaml
+
 from cuda_agent.core import runlog
 from cuda_agent.core.config import compose
 from cuda_agent.core.run import Run
@@ -53,7 +55,8 @@ def test_run_folder_saves_config_versions_and_json_log(tmp_path):
     with Run(cfg, command="unit") as run:
         with runlog.bound(task_id="t1", trajectory_id="traj-1", turn=3):
             run.log.info("tool.call", tool="bash")
-    assert (run.dir / "config.yaml").read_text().count("max_turns: 150") == 1
+    saved = yaml.safe_load((run.dir / "config.yaml").read_text())
+    assert saved["agent"]["max_turns"] == 150 and saved["run"]["output_dir"] == str(tmp_path)
     meta = json.loads((run.dir / "plugins.json").read_text())
     assert {p["name"] for p in meta["plugins"]} >= {"core", "rewards"}
     events = [json.loads(line) for line in (run.dir / "log.jsonl").read_text().splitlines()]
