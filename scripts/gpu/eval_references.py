@@ -159,6 +159,7 @@ def merge(dirs: list[str], out_dir: Path) -> None:
         data = json.loads((Path(d) / "results.json").read_text()) if (Path(d) / "results.json").exists() else {}
         env = env or data.get("environment")
         wall += float(data.get("info", {}).get("wall_seconds") or 0)
+        info.setdefault("devices", data.get("info", {}).get("devices"))
     info["wall_seconds"] = wall
     info["merged_from"] = dirs
     report = build_report(list(results.values()), info=info, environment=env)
