@@ -256,7 +256,7 @@ class StageRunner:
         trainer = Trainer(actor, critic, reference, pad_id=pad, max_length=self.tc.get("max_length"))
         policy = None
         if actor is not None:
-            policy = self._policy(actor, tokenizer, stage)
+            policy = self._policy(actor, tokenizer, stage, actor_init)
         agent_options = self._agent_options(stage)
         samples = stage.samples_per_task or int(getattr(o, "group_size", 1) or 1)
         every = stage.checkpoint_every if stage.checkpoint_every is not None else \
@@ -333,13 +333,15 @@ class StageRunner:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _policy(self, actor: Any, tokenizer: Any, stage: StageSpec) -> Any:
+    def _policy(self, actor: Any, tokenizer: Any, stage: StageSpec, actor_init: Path | None = None) -> Any:
         r = dict(self.tc.get("rollout") or {})
         agent = {**dict(self.tc.get("agent_defaults") or {}), **stage.agent}
         engine = r.get("engine", "actor")
-        if engine != "actor":
-            raise ConfigError(f"trainer.rollout.engine={engine!r}: only 'actor' (HF generate on the trained "
-                              "weights) runs in-process; vLLM servers are driven through a policy plugin")
+        if engine not in ("actor", "policy"):
+            raise ConfigError(f"trainer.rollout.engine={engine!r}; valid: actor (batched HF generate on the "
+                              "trained weights), policy (the run's token-level policy plugin, e.g. vllm or hf)")
+        if engine == "policy":
+            return self._plugin_policy(actor_init)
         gather = None
         if getattr(actor, "zero_stage", 0) == 3:
             import deepspeed
@@ -351,6 +353,22 @@ class StageRunner:
                            max_new_tokens=int(agent.get("max_tokens_per_turn", r.get("max_new_tokens", 512))),
                            seed=self.seed, autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(
                                self.engine_options.mixed_precision))
+
+    def _plugin_policy(self, actor_init: Path | None) -> Any:
+        """The run's ``policy:`` plugin as the rollout engine; its weights are synced after each update.
+
+        An empty ``options.model`` is set to the stage's starting weights.
+        """
+        spec = _plain(self.cfg.get("policy")) or {}
+        if not spec.get("name"):
+            raise ConfigError("trainer.rollout.engine=policy needs policy.name (a token-level policy: vllm, hf)")
+        opts = dict(spec.get("options") or {})
+        if "model" in opts and not opts["model"] and actor_init is not None:
+            opts["model"] = str(actor_init)
+        policy = self.pm.create("policy", {"name": spec["name"], "options": opts}, where="policy")
+        if not getattr(policy, "token_level", False):
+            raise ConfigError(f"policy {spec['name']!r} is not token-level: training needs token ids and log-probs")
+        return policy
 
     def _agent_options(self, stage: StageSpec) -> Any:
         from cuda_agent.core.agent import AgentOptions
