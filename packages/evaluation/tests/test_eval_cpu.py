@@ -206,9 +206,15 @@ def test_cli_resume_after_kill(setup):
         if proc.poll() is not None:
             break
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # the run and its executor workers
-    proc.wait(timeout=30)
-    assert results is not None, proc.stderr.read()[-3000:] if proc.stderr else "no results"
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, keeping what is finished
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert results is not None, err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
+    assert "continue with: cuda-agent eval --resume" in err
     first = [json.loads(x)["task_id"] for x in results.read_text().splitlines() if x.strip().endswith("}")]
     assert 2 <= len(first) < 5
     run_dir = results.parent

@@ -216,6 +216,16 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
                 log=run.log,
             )
             extra = _extra_environment(cfg, backend, executor)
+        except KeyboardInterrupt:
+            import sys
+
+            done = len(ResultStore(run.path(RESULTS_FILE)).finished())
+            print(
+                f"\ninterrupted: {done} of {len(tasks)} tasks finished and saved; "
+                f"continue with: cuda-agent eval --resume {run.dir}",
+                file=sys.stderr,
+            )
+            raise
         finally:
             executor.close()
         wall = time.perf_counter() - t0
