@@ -17,10 +17,11 @@ def train_cmd(args: tuple[str, ...], no_progress: bool) -> None:
     from cuda_agent.core.config import compose
     from cuda_agent.core.run import Run
 
-    from .stages import StageRunner
+    from .stages import StageRunner, validate
 
     files, overrides = split_args(args)
     cfg = compose(files, overrides)
+    validate(cfg)
     with Run(cfg, command="train") as run:
         click.echo(f"run folder: {run.dir}")
         history = StageRunner(cfg, run, show_progress=not no_progress).run_all()

@@ -75,6 +75,33 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def validate(cfg: Any) -> None:
+    """Check the trainer section before a run folder is made (one-line ConfigError)."""
+    from .engine import resolve_backend
+    from .envs import ENVIRONMENTS
+
+    tc = _plain(cfg.trainer)
+    stages = tc.get("stages") or []
+    if not stages:
+        raise ConfigError("trainer.stages is empty: give at least one stage")
+    for i, s in enumerate(stages):
+        StageSpec.parse(s, i)
+    m = tc.get("model") or {}
+    if m.get("path") and not Path(m["path"]).exists():
+        raise ConfigError(f"trainer.model.path not found: {m['path']}")
+    if not m.get("path") and not m.get("build"):
+        raise ConfigError("trainer.model needs a path (a local HF model folder) or build (a tiny random model)")
+    env = (tc.get("environment") or {}).get("name")
+    if env not in ENVIRONMENTS:
+        raise ConfigError(f"unknown trainer.environment {env!r}; {did_you_mean(str(env), ENVIRONMENTS)}")
+    raw = dict(tc.get("engine") or {})
+    names = [f.name for f in dataclasses.fields(EngineOptions)]
+    for k in raw:
+        if k not in names:
+            raise ConfigError(f"unknown key trainer.engine.{k}; {did_you_mean(k, names)}")
+    resolve_backend(EngineOptions(**{k: v for k, v in raw.items() if k != "adam_betas"}))
+
+
 class StageRunner:
     """Runs ``trainer.stages`` of a composed config inside a :class:`~cuda_agent.core.run.Run`."""
 
