@@ -55,7 +55,7 @@ def test_select_tasks():
         (["--levels", "x"], "--levels takes numbers"),
         (["--report-only"], "--report-only needs --resume"),
         (["--ids", "nope"], "no tasks selected"),
-        ([], "nothing to evaluate"),
+        (["policy.name=null"], "nothing to evaluate"),
         (["--solutions", "/nonexistent/solutions"], "solutions folder not found"),
         (["eval.dataset.name=evaltest-tinyy"], "did you mean 'evaltest-tiny'"),
     ],
@@ -63,7 +63,7 @@ def test_select_tasks():
 def test_one_line_errors(tiny_plugin, tmp_path, capsys, args, message):
     base = ["eval.dataset.name=evaltest-tiny", f"run.output_dir={tmp_path / 'runs'}"]
     if args and "=" in args[0]:
-        base = [args[0], f"run.output_dir={tmp_path / 'runs'}"]
+        base = (base if args[0].startswith("policy.") else [f"run.output_dir={tmp_path / 'runs'}"]) + [args[0]]
         args = []
     code = main(["eval", *base, *args])
     err = capsys.readouterr().err
