@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="docker.io debootstrap chromium"
+APT_PACKAGES="docker.io debootstrap chromium fonts-liberation"
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   need=""
   for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
