@@ -163,7 +163,7 @@ def make_workspace(root: Path, cpu: bool) -> tuple[Path, dict]:
     ex = tools_dir() / "template" / compiler / "examples"
     model = (ex / "model.py").read_text()
     # large enough that HBM bandwidth, not launch overhead, sets the time on a GPU; small on the CPU
-    model, k = re.subn(r"torch\.randn\(\d+, \d+\)", "torch.randn(256, 1024)" if cpu else "torch.randn(16384, 4096)", model)
+    model, k = re.subn(r"torch\.randn\(\d+, \d+\)", "torch.randn(256, 1024)" if cpu else "torch.randn(32768, 4096)", model)
     if k != 2:
         raise SystemExit(f"error: unexpected example task in {ex}: input shapes not found")
     ws = create_workspace(Task(id="axpby", source="multi_gpu", code=model), root, backend="cpu" if cpu else "cuda",
@@ -237,6 +237,7 @@ def part_a(ex, ws: Path, n: int, per_device: int, cpu: bool) -> dict:
         times = [j["median_ms"] for j in mine if j.get("ok") and j.get("median_ms")]
         per[dev] = {"jobs": len(mine), "ok": len(times), "median_ms": statistics.median(times) if times else None,
                     "runs_ms": times, "pci": sorted({j.get("pci", "") for j in mine if j.get("pci")}),
+                    "workers": len({j.get("pid") for j in mine if j.get("pid")}),
                     "visible": sorted({str(j.get("visible")) for j in mine})}
     meds = [v["median_ms"] for v in per.values() if v["median_ms"]]
     rel = (max(meds) - min(meds)) / min(meds) if len(meds) == n and min(meds) > 0 else None
@@ -270,7 +271,7 @@ def part_c(ex, ws: Path, n: int, model_dir: Path, gen_device: str, lock_dir: str
             raise SystemExit("error: the generator did not get ready within 300 s")
         time.sleep(0.1)
     vopts = {"seed": 1, "num_inputs": 2 if cpu else 3}
-    popts = {"baselines": not cpu, "compile_baseline": False, "seed": 2}
+    popts = {"baselines": not cpu, "compile_baseline": False, "seed": 2, "baseline_cache_dir": str(tmp / "baselines")}
     futs = []
     for i in range(jobs_per_device * n):
         futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:verify",
@@ -301,6 +302,7 @@ def part_c(ex, ws: Path, n: int, model_dir: Path, gen_device: str, lock_dir: str
                     "ok": sum(bool(j.get("ok")) for j in mine),
                     "generate_turns": len(turns) if dev == gen_device else 0}
     return {"per_device": per, "generator": {k: v for k, v in g.items() if k != "turns"}, "turns": len(turns),
+            "jobs_list": jobs, "generation_turns": turns,
             "overlaps": [(a["id"], a["kind"], b["id"], b["kind"], a["device"]) for a, b in bad],
             "overlaps_any_kind": any_overlaps(intervals),
             "profile_jobs_during_generation": len(during),
@@ -415,8 +417,6 @@ def ppo_worker(out_dir: str, model_dir: str, backend: str, device: str, n_traj: 
            "actor_sum": float(sum(v.double().abs().sum() for v in sd.values())),
            "critic_sum": float(sum(v.double().abs().sum() for v in csd.values()))}
     if dev.type == "cuda":
-        import torch.cuda
-
         p = torch.cuda.get_device_properties(dev)
         res["gpu_name"] = p.name
         bus = getattr(p, "pci_bus_id", None)
@@ -434,7 +434,12 @@ def run_ppo(model_dir: Path, backend: str, device: str, nproc: int, n_traj: int,
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(Path(__file__).resolve()), "--ppo-worker", str(out), str(model_dir), backend, device, str(n_traj)]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
+    try:
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        out_text = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return {"ok": False, "error": f"timed out after 240 s\n{out_text[-3000:]}", "wall_s": 240.0, "cmd": " ".join(cmd)}
     wall = time.monotonic() - t0
     if p.returncode != 0:
         return {"ok": False, "error": p.stdout[-3000:], "wall_s": wall, "cmd": " ".join(cmd)}
@@ -449,7 +454,8 @@ def run_ppo(model_dir: Path, backend: str, device: str, nproc: int, n_traj: int,
             "actor_grad_norm": ranks[0]["metrics"]["actor/grad_norm"],
             "critic_grad_norm": ranks[0]["metrics"]["critic/grad_norm"],
             "actor_sum": ranks[0]["actor_sum"], "critic_sum": ranks[0]["critic_sum"],
-            "ranks": [{k: x.get(k) for k in ("rank", "device", "pci", "visible", "pid", "trajectories", "update_s")}
+            "ranks": [{k: x.get(k) for k in ("rank", "local_rank", "device", "pci", "visible", "pid", "trajectories",
+                                              "update_s")}
                       for x in ranks]}
 
 
@@ -499,17 +505,42 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def where_table(res: dict) -> str:
+    """One row per device: what each part ran there (jobs, worker processes, generation, PPO ranks)."""
+    a, b, c = res.get("a"), res.get("b"), res.get("c")
+    devices = list(res.get("devices") or [])
+    if not devices:
+        return ""
+    rows = [["device", "physical", "(a) profile jobs", "(c) verify", "(c) profile", "(c) generation turns",
+             "pool worker pids", "(b) PPO rank"]]
+    jobs = (a["jobs"] if a else []) + (c["jobs_list"] if c else [])
+    ranks = b["dp"].get("ranks", []) if b and b["dp"].get("ok") else []
+    for i, dev in enumerate(devices):
+        mine = [j for j in jobs if j["device"] == dev]
+        phys = sorted({j.get("pci") or "" for j in mine} - {""})
+        pids = sorted({j.get("pid") for j in mine if j.get("pid")})
+        rk = [x for x in ranks if (x.get("local_rank") is not None and str(x.get("local_rank")) == str(i))]
+        rank_txt = ", ".join(f"rank {x['rank']} ({x['device']}{' ' + x['pci'] if x.get('pci') else ''})" for x in rk)
+        rows.append([dev, ",".join(phys) or ("cpu" if res["cpu"] else "?"),
+                     str(a["per_device"][dev]["jobs"]) if a else "-",
+                     str(c["per_device"][dev]["verify"]) if c else "-",
+                     str(c["per_device"][dev]["profile"]) if c else "-",
+                     str(c["per_device"][dev]["generate_turns"]) if c else "-",
+                     str(len(pids)), rank_txt or "-"])
+    return table(rows)
+
+
 def report(res: dict) -> str:
     out = []
     a, b, c = res.get("a"), res.get("b"), res.get("c")
     kind = "simulated device (CPU worker)" if res["cpu"] else "GPU"
     out.append(f"\n=== multi-GPU proof ({res['mode']}: {res['n']} x {kind}; {res.get('device_name', '')}) ===")
     if a:
-        rows = [["(a) pool: device", "jobs", "ok", "kernel median ms", "runs (ms)", "pci / visible"]]
+        rows = [["(a) pool: device", "jobs", "ok", "kernel median ms", "runs (ms)", "physical (PCI) / workers"]]
         for dev, v in a["per_device"].items():
             rows.append([dev, str(v["jobs"]), str(v["ok"]), fmt(v["median_ms"]),
                          " ".join(fmt(t, ".4f") for t in v["runs_ms"]),
-                         ",".join(v["pci"]) or ",".join(v["visible"])])
+                         ",".join(v["pci"]) or f"cpu, {v['workers']} worker processes"])
         out.append(table(rows))
         out.append(f"max relative difference between devices: {fmt(a['max_rel_diff'] and 100 * a['max_rel_diff'], '.3f')}%"
                    f"  -> jobs on every device: {'PASS' if a['spread_ok'] else 'FAIL'}; within 1%: "
@@ -547,7 +578,7 @@ def report(res: dict) -> str:
         g = c["generator"]
         out.append(f"generation on {res['gen_device']} ({g.get('device')}, batch {g['batch']}, {g['new_tokens']} new tokens/seq): "
                    f"{g['tokens']} tokens, {g['tokens_per_s_generating']:.0f} tokens/s while generating, "
-                   f"{g['tokens_per_s_wall']:.0f} tokens/s over the run (GPU held {100 * g['busy_fraction']:.0f}% of it)")
+                   f"{g['tokens_per_s_wall']:.0f} tokens/s over the run (device held {100 * g['busy_fraction']:.0f}% of it)")
         out.append(f"profile jobs while generation ran: {c['profile_jobs_during_generation']} "
                    f"({c['profile_jobs_on_gen_device_during_generation']} on the generator's device); "
                    f"jobs ok {c['jobs_ok']}/{c['jobs']}")
@@ -556,6 +587,10 @@ def report(res: dict) -> str:
                    f"ran concurrently: {'PASS' if c['concurrent_ok'] else 'FAIL'}")
         if c["errors"]:
             out.append(f"errors: {c['errors']}")
+    where = where_table(res)
+    if where:
+        out.append("\nwhat ran where")
+        out.append(where)
     out.append(f"\ntotal {res['total_s']:.0f} s; overall: {'PASS' if res['ok'] else 'FAIL'}")
     return "\n".join(out)
 
