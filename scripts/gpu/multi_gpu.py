@@ -31,6 +31,7 @@ entry point of the PPO ranks (``--ppo-worker``) and of the generator (``--genera
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 os.environ["NCCL_NVLS_ENABLE"] = "0"
@@ -273,13 +275,15 @@ def part_c(ex, ws: Path, n: int, model_dir: Path, gen_device: str, lock_dir: str
     vopts = {"seed": 1, "num_inputs": 2 if cpu else 3}
     popts = {"baselines": not cpu, "compile_baseline": False, "seed": 2, "baseline_cache_dir": str(tmp / "baselines")}
     futs = []
-    for i in range(jobs_per_device * n):
-        futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:verify",
-                                 {"workspace": str(ws), "options": vopts}, "verify", f"verify-{i}"))
-        futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:profile",
-                                 {"workspace": str(ws), "options": popts}, "profile", f"profile-{i}"))
-    jobs = collect(futs)
-    stop.write_text("stop")
+    try:
+        for i in range(jobs_per_device * n):
+            futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:verify",
+                                     {"workspace": str(ws), "options": vopts}, "verify", f"verify-{i}"))
+            futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:profile",
+                                     {"workspace": str(ws), "options": popts}, "profile", f"profile-{i}"))
+        jobs = collect(futs)
+    finally:
+        stop.write_text("stop")  # the generator ends after its current turn
     try:
         log, _ = gen.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -587,6 +591,8 @@ def report(res: dict) -> str:
                    f"ran concurrently: {'PASS' if c['concurrent_ok'] else 'FAIL'}")
         if c["errors"]:
             out.append(f"errors: {c['errors']}")
+    for part, err in (res.get("errors") or {}).items():
+        out.append(f"\n({part}) FAILED: {err[:1500]}")
     where = where_table(res)
     if where:
         out.append("\nwhat ran where")
@@ -596,6 +602,39 @@ def report(res: dict) -> str:
 
 
 # --- main ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def part_errors(res: dict, part: str):
+    """A part that fails is reported (and fails the run) while the other parts still run."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit from a part's own checks included
+        tb = traceback.format_exc(limit=8)
+        res.setdefault("errors", {})[part] = f"{type(exc).__name__}: {exc}"[:3000]
+        print(f"[{part}] FAILED: {type(exc).__name__}: {str(exc)[:2000]}\n{tb[-2000:]}", flush=True)
+
+
+def part_b(model_dir: Path, cpu: bool, n: int, tmp: Path) -> dict:
+    """Data-parallel PPO over N processes vs one process with the same global batch."""
+    import importlib.util
+
+    device = "cpu" if cpu else "cuda"
+    n_traj = 4 * n if cpu else 8 * n
+    print(f"[b] PPO step: {n} processes vs 1, global batch {n_traj}", flush=True)
+    dp = run_ppo(model_dir, "accelerate", device, n, n_traj, tmp)
+    one = run_ppo(model_dir, "accelerate", device, 1, n_traj, tmp)
+    b = {"dp": dp, "one": one, "nproc": n, "compare": compare_ppo(dp, one), "engine": "accelerate (DDP)"}
+    if importlib.util.find_spec("deepspeed") is None:
+        b["engine_note"] = "DeepSpeed not available on this machine"
+    else:
+        b["engine_note"] = "DeepSpeed installed: ZeRO-2 checked too"
+        ds_dp = run_ppo(model_dir, "deepspeed", device, n, n_traj, tmp)
+        ds_one = run_ppo(model_dir, "deepspeed", device, 1, n_traj, tmp)
+        b["deepspeed"] = {"dp": ds_dp, "one": ds_one, "compare": compare_ppo(ds_dp, ds_one)}
+    return b
 
 
 def main() -> int:
@@ -639,35 +678,23 @@ def main() -> int:
         try:
             if "a" not in skip:
                 print(f"[a] {args.jobs_per_device * n} profile jobs of one kernel over {n} devices", flush=True)
-                res["a"] = part_a(ex, ws, n, args.jobs_per_device, cpu)
+                with part_errors(res, "a"):
+                    res["a"] = part_a(ex, ws, n, args.jobs_per_device, cpu)
             if "c" not in skip:
                 gen_dev = ex.devices[0]
                 res["gen_device"] = gen_dev
                 print(f"[c] generation on {gen_dev} with {2 * args.c_jobs_per_device * n} verify/profile jobs", flush=True)
-                res["c"] = part_c(ex, ws, n, model_dir, gen_dev, lock_dir, cpu, args.c_jobs_per_device, tmp)
+                with part_errors(res, "c"):
+                    res["c"] = part_c(ex, ws, n, model_dir, gen_dev, lock_dir, cpu, args.c_jobs_per_device, tmp)
             res["pool_stats"] = ex.stats()
         finally:
             ex.close()
         if "b" not in skip:
-            device = "cpu" if cpu else "cuda"
-            n_traj = 4 * n if cpu else 8 * n
-            print(f"[b] PPO step: {n} processes vs 1, global batch {n_traj}", flush=True)
-            dp = run_ppo(model_dir, "accelerate", device, n, n_traj, tmp)
-            one = run_ppo(model_dir, "accelerate", device, 1, n_traj, tmp)
-            b = {"dp": dp, "one": one, "nproc": n, "compare": compare_ppo(dp, one), "engine": "accelerate (DDP)"}
-            import importlib.util
-
-            if importlib.util.find_spec("deepspeed") is None:
-                b["engine_note"] = "DeepSpeed not available on this machine"
-            else:
-                b["engine_note"] = "DeepSpeed installed: ZeRO-2 checked too"
-                ds_dp = run_ppo(model_dir, "deepspeed", device, n, n_traj, tmp)
-                ds_one = run_ppo(model_dir, "deepspeed", device, 1, n_traj, tmp)
-                b["deepspeed"] = {"dp": ds_dp, "one": ds_one, "compare": compare_ppo(ds_dp, ds_one)}
-            res["b"] = b
+            with part_errors(res, "b"):
+                res["b"] = part_b(model_dir, cpu, n, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    checks = []
+    checks = [False for _ in res.get("errors", {})]
     if res.get("a"):
         checks.append(res["a"]["spread_ok"] and (cpu or res["a"]["agree_ok"]))
     if res.get("b"):
