@@ -3,7 +3,10 @@
 // `cuda_extension`, which model_new.py gets from load_kernels().
 #pragma once
 
-#include <torch/extension.h>
+// The tensor API (torch::Tensor, torch::empty, TORCH_CHECK, ...) and pybind11 with torch's
+// type casters. This is all a binding needs; <torch/extension.h> works too but compiles slower.
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <utility>
 #include <vector>

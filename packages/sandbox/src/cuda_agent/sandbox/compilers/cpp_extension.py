@@ -27,7 +27,9 @@ COMMON_NVCC_FLAGS = [
     "-D__CUDA_NO_HALF2_OPERATORS__",
     "--expt-relaxed-constexpr",
 ]
-PCH_HEADER = "#include <torch/extension.h>\n"
+# what binding_registry.h includes: the tensor API and pybind11 with torch's type casters
+# (a third lighter than <torch/extension.h>, which also pulls in the whole C++ frontend)
+PCH_HEADER = "#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
 
 
 @dataclass
@@ -37,7 +39,7 @@ class CppExtensionOptions(CommonOptions):
     opt: str = "-O3"  # kernels (.cu)
     fast_math: bool = True
     binding_opt: str = "-O1"  # host glue in *_binding.cpp; -O3 buys nothing there and costs seconds
-    pch: bool = True  # precompile <torch/extension.h> once per toolchain
+    pch: bool = True  # precompile the torch headers of binding_registry.h once per toolchain
     nvcc: str = ""
     cxx: str = ""
     libraries: list[str] = field(default_factory=lambda: ["cudart"])
