@@ -26,5 +26,10 @@ if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/cuda-agent-dockerd.log; exit 1; }
 fi
 
+if docker info >/dev/null 2>&1; then
+  echo "== building the sandbox image from a local root file system (once)"
+  cuda-agent sandbox build-image
+fi
+
 echo "== pytest"
 python3 -m pytest -n 2 -q -rs "$@"
