@@ -397,3 +397,22 @@ def test_bad_options_are_one_line_errors(ws):
         LocalSandbox(LocalSandbox.Options(isolation="chroot")).open(ws.root, ws.protected)
     with pytest.raises(ConfigError, match="unknown option"):
         get_plugin_manager().create("sandbox", {"name": "local", "options": {"netwrok": True}})
+
+
+@pytest.mark.skipif(not is_root(), reason="separate user ids need root")
+def test_sessions_on_one_workspace_share_its_user(ws, tmp_path):
+    sb = make_sandbox("local")
+    a = sb.open(ws.root, ws.protected)
+    b = sb.open(ws.root, ws.protected)
+    other = workspace(tmp_path, "other")
+    c = sb.open(other.root, other.protected)
+    try:
+        assert a.lease.uid == b.lease.uid != c.lease.uid
+        p = b.spawn(["sleep", "30"])
+        a.close()
+        assert p.poll() is None  # closing one session leaves the other's processes alone
+        assert b.run("echo x > kernels/x.cpp && cat kernels/x.cpp").output.strip() == "x"
+    finally:
+        b.close()
+        c.close()
+    assert p.poll() is not None

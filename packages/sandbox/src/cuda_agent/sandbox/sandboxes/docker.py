@@ -29,7 +29,8 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import CommandResult, DiskWatchdog, SandboxError, UidLease, apply_layout, collect, is_root
+from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+                     is_root, release_uid)
 from .image import DEFAULT_IMAGE, docker_client, image_exists
 
 MOUNT = "/workspace"
@@ -204,7 +205,7 @@ class DockerSession(SandboxSession):
         self._closed = False
         self.lease: UidLease | None = None
         if is_root():
-            self.lease = UidLease(self.workspace, o.uid_base, o.uid_count,
+            self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count,
                                   Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids")
             uid, gid = self.lease.uid, self.lease.gid
             apply_layout(self.workspace, self.protected, uid, gid)
@@ -338,7 +339,7 @@ class DockerSession(SandboxSession):
         with contextlib.suppress(Exception):
             self.container.remove(force=True)
         if self.lease is not None:
-            self.lease.release()
+            release_uid(self.lease)
 
 
 class DockerSandbox(Sandbox):

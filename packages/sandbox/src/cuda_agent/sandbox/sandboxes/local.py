@@ -38,7 +38,8 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import CommandResult, DiskWatchdog, SandboxError, UidLease, apply_layout, collect, is_root
+from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+                     is_root, release_uid, uid_users)
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 MB = 1024 * 1024
@@ -143,7 +144,7 @@ class LocalSession(SandboxSession):
                        "protected files; only limits and timeouts apply")
         if self.mode == "user":
             lock_dir = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids"
-            self.lease = UidLease(self.workspace, o.uid_base, o.uid_count, lock_dir)
+            self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count, lock_dir)
             apply_layout(self.workspace, self.protected, self.lease.uid, self.lease.gid)
         else:
             apply_layout(self.workspace, self.protected, None, None)
@@ -299,9 +300,14 @@ class LocalSession(SandboxSession):
             return
         self._closed = True
         self.watchdog.stop()
-        self.kill_all()
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            p.kill()
+        if self.lease is not None and uid_users(self.lease) == 1:
+            _kill_uid(self.lease.uid)  # the last session of this workspace: nothing may outlive it
         if self.lease is not None:
-            self.lease.release()
+            release_uid(self.lease)
 
 
 def _kill_uid(uid: int) -> None:
