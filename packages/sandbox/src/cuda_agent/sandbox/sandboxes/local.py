@@ -132,10 +132,14 @@ class LocalSession(SandboxSession):
             raise SandboxError(f"local sandbox: isolation must be auto, user or none, not {o.isolation!r}")
         self.mode = "none"
         if o.isolation in ("auto", "user"):
-            if is_root() and shutil.which("unshare"):
+            if is_root() and _namespaces_work():
                 self.mode = "user"
             elif o.isolation == "user":
-                raise SandboxError("local sandbox: isolation 'user' needs root and unshare(1)")
+                raise SandboxError("local sandbox: isolation 'user' needs root and working mount/PID/network "
+                                   "namespaces (unshare)")
+            elif is_root():
+                _warn_once("local sandbox: unshare cannot create namespaces here (a container without "
+                           "CAP_SYS_ADMIN?): commands run without user/network isolation; use the docker sandbox")
             else:
                 _warn_once("local sandbox: not root, so no separate user, namespaces or protected "
                            "files beyond chmod; use the docker sandbox for isolation")
@@ -308,6 +312,25 @@ class LocalSession(SandboxSession):
             _kill_uid(self.lease.uid)  # the last session of this workspace: nothing may outlive it
         if self.lease is not None:
             release_uid(self.lease)
+
+
+_ns_ok: bool | None = None
+
+
+def _namespaces_work() -> bool:
+    """Can this process create the mount, PID and network namespaces (once per process)?"""
+    global _ns_ok
+    if _ns_ok is None:
+        if not shutil.which("unshare"):
+            _ns_ok = False
+        else:
+            try:
+                probe = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+                                        "--net", "true"], capture_output=True, timeout=30)
+                _ns_ok = probe.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                _ns_ok = False
+    return _ns_ok
 
 
 def _kill_uid(uid: int) -> None:
