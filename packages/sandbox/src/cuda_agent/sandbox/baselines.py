@@ -13,6 +13,28 @@ test asserts a second call does not measure).
 :func:`measure_many` measures a list of tasks in one process (``cuda-agent baselines``):
 inputs are drawn on the device, the compiled graphs reuse inductor's parallel compile
 workers, and finished tasks are skipped when the run is resumed.
+
+Fair timing on the CPU backend. Eager PyTorch and inductor's C++ kernels both run on
+OpenMP threads, but they split work differently: an eager element-wise operator stays on one
+thread below a grain of 32K elements, while an inductor kernel forks its ``#pragma omp
+parallel`` team at every call whatever the size; and an eager chain of N operators forks N
+times where the fused kernel forks once. Each fork/join waits for the slowest thread, and on
+a host whose cores are shared (other jobs, a spare worker starting, other users) a thread
+that is not running costs a whole scheduler slice (milliseconds) per join. Timings with
+several threads then measure the scheduler, and which baseline it penalises depends on how
+many joins each one makes (measured with two threads on two shared cores: a 4096-element add,
+eager 0.003 ms and compiled 8.0 ms, 0.013 ms compiled on one thread; the demo's chain of six
+element-wise operators on 2048x2048, eager 52 ms and compiled 8.0 ms, against 16 ms and 1.4 ms
+on one thread). So on the CPU every timing -- eager,
+``torch.compile`` (its code generation included: inductor sizes its loops by the thread
+count) and the candidate -- runs under one explicit thread count, ``cpu_threads`` (default
+1; 0 keeps torch's default), which is part of the cache key and of the record.
+
+The compiled model is warmed up on every input set it will be timed on, until a pass
+compiles nothing new, so that compilation and guard-driven recompiles stay out of the
+timed calls; the dynamo compiles seen during warm-up and during timing are counted and
+recorded (``compile_frames_warmup``, ``compile_recompiles_during_timing``; a timing that
+saw a recompile is repeated once).
 """
 
 from __future__ import annotations
@@ -23,9 +45,10 @@ import os
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from cuda_agent.core.errors import CudaAgentError
 from cuda_agent.core.types import Timing
@@ -51,6 +74,7 @@ class BaselineOptions:
     seed: int = 0
     cache_dir: str = ""  # "" = $CUDA_AGENT_BASELINE_CACHE or ~/.cache/cuda-agent/baselines
     force: bool = False  # measure again and overwrite the cached record
+    cpu_threads: int = 1  # on the CPU: torch/OpenMP threads for every timing (0 = torch's default)
 
 
 def default_cache_dir() -> Path:
@@ -147,10 +171,13 @@ def gpu_name(device: Any) -> str:
 
 
 def key_fields(model_code: str, init_spec: Any, device: Any, precision: str, profiler: str, profiler_options: dict,
-               compile_mode: str = "default", num_input_sets: int = 0, seed: int = 0) -> dict:
+               compile_mode: str = "default", num_input_sets: int = 0, seed: int = 0, cpu_threads: int | None = None) -> dict:
     import torch
 
-    return {
+    extra = {}
+    if is_cpu(device):
+        extra["cpu_threads"] = threads_for(device, cpu_threads)
+    return {**extra,
         "code": hashlib.sha256(model_code.encode()).hexdigest(),
         "init": init_spec,
         "gpu": gpu_name(device),
@@ -191,6 +218,54 @@ def rotation_sets(get_inputs: Callable, device: Any, seed: int, wanted: int = 0)
     return [first] + [draw_inputs(get_inputs, seed + 7 * (i + 2), device).values for i in range(k - 1)]
 
 
+def is_cpu(device: Any) -> bool:
+    return str(device).startswith("cpu")
+
+
+def threads_for(device: Any, cpu_threads: int | None) -> int | None:
+    """The thread count timings on ``device`` run with (None: not set, a GPU device)."""
+    if not is_cpu(device):
+        return None
+    n = int(cpu_threads or 0)
+    if n > 0:
+        return n
+    import torch
+
+    return torch.get_num_threads()
+
+
+@contextmanager
+def timing_threads(device: Any, cpu_threads: int | None) -> Iterator[int | None]:
+    """Run the block with ``cpu_threads`` torch/OpenMP threads on the CPU (restored after).
+
+    ``torch.set_num_threads`` sets OpenMP's thread count for this thread, which eager
+    operators, inductor's generated kernels and a candidate's ``#pragma omp`` loops all read."""
+    n = threads_for(device, cpu_threads)
+    if n is None:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def dynamo_frames() -> int:
+    """Frames dynamo has compiled in this process so far (first compiles and recompiles)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["total"])
+    except Exception:  # pragma: no cover - a torch without these counters
+        return 0
+
+
 def time_model(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None) -> Timing:
     import torch
 
@@ -209,27 +284,54 @@ def compile_model(model: Any, mode: str = "default") -> Any:
     return torch.compile(model, mode=mode)
 
 
-def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_compile: bool = True,
-                  compile_mode: str = "default") -> tuple[Timing, Timing | None, dict]:
-    """Eager and compiled timings of an already built reference model."""
+def warm_compiled(cm: Any, input_sets: list, device: Any, max_rounds: int = 3) -> tuple[int, int]:
+    """Call the compiled model on every input set until a pass compiles nothing new.
+
+    Returns (dynamo frames compiled, passes made)."""
     import torch
 
-    info: dict[str, Any] = {}
-    eager = time_model(model, input_sets, device, profiler)
-    comp = None
-    if do_compile:
-        t0 = time.perf_counter()
-        try:
-            cm = compile_model(model, compile_mode)
-            with torch.no_grad():
-                for args in input_sets[:2]:
-                    cm(*args)  # compile (and recompile for a second input set, if guards ask)
+    start = dynamo_frames()
+    rounds = 0
+    with torch.no_grad():
+        for rounds in range(1, max_rounds + 1):
+            before = dynamo_frames()
+            for args in input_sets:
+                cm(*args)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize(device)
-            info["compile_seconds"] = round(time.perf_counter() - t0, 2)
-            comp = time_model(cm, input_sets, device, profiler)
-        except Exception as exc:  # the task fails under torch.compile: no compile baseline
-            info["compile_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+            if dynamo_frames() == before and rounds > 1:
+                break
+    return dynamo_frames() - start, rounds
+
+
+def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_compile: bool = True,
+                  compile_mode: str = "default", cpu_threads: int | None = 1) -> tuple[Timing, Timing | None, dict]:
+    """Eager and compiled timings of an already built reference model, both under the same
+    thread setting (see the module docstring), compilation kept out of the timed calls."""
+    info: dict[str, Any] = {}
+    with timing_threads(device, cpu_threads) as threads:
+        if threads is not None:
+            info["cpu_threads"] = threads
+        eager = time_model(model, input_sets, device, profiler)
+        comp = None
+        if do_compile:
+            t0 = time.perf_counter()
+            try:
+                cm = compile_model(model, compile_mode)
+                frames, rounds = warm_compiled(cm, input_sets, device)
+                info["compile_seconds"] = round(time.perf_counter() - t0, 2)
+                info["compile_frames_warmup"] = frames
+                before = dynamo_frames()
+                comp = time_model(cm, input_sets, device, profiler)
+                recompiles = dynamo_frames() - before
+                info["compile_recompiles_during_timing"] = recompiles
+                if recompiles:  # a guard failed inside the timed loop: time again, now compiled
+                    before = dynamo_frames()
+                    comp = time_model(cm, input_sets, device, profiler)
+                    info["compile_retimed"] = True
+                    info["compile_recompiles_during_timing"] = dynamo_frames() - before
+            except Exception as exc:  # the task fails under torch.compile: no compile baseline
+                info["compile_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
     return eager, comp, info
 
 
@@ -286,7 +388,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
         init = ref_mod.get_init_inputs()
         init_inputs = list(init) if isinstance(init, (list, tuple)) else [init]
     fields = key_fields(model_code, describe(init_inputs), device, o.precision, prof_name, o.profiler_options,
-                        o.compile_mode, o.num_input_sets, o.seed)
+                        o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads)
     key = BaselineCache.key(fields)
     rec = None if o.force else cache.get(key)
     if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
@@ -307,7 +409,8 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
                 ref_mod = _load_code(model_code, cache.dir)
             input_sets = rotation_sets(ref_mod.get_inputs, device, o.seed, o.num_input_sets)
         try:
-            eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode)
+            eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode,
+                                              o.cpu_threads)
         except Exception as exc:
             raise BaselineError(f"reference Model failed to run: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}") from exc
     cache.measured += 1

@@ -12,7 +12,9 @@
   the candidate module is a parameter.
 
 Devices: ``"cuda"``/``"cuda:N"``, or ``"cpu"`` (wall-clock profiler, ``torch.compile`` on the
-CPU for the compile baseline; TF32 flags are irrelevant there).
+CPU for the compile baseline; TF32 flags are irrelevant there). On the CPU the baselines and
+the candidate are timed under the same thread count, ``cpu_threads`` (default 1; see
+:mod:`.baselines` for why), recorded in the result's metadata.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .baselines import (
     cache_for,
     default_profiler,
     measure_baselines_record,
+    timing_threads,
 )
 from .guard import GuardOptions
 from .inputs import describe, draw_inputs, nbytes, perturb_
@@ -77,6 +80,7 @@ class ProfileOptions:
     num_input_sets: int = 0  # 0 = as many as fit a memory budget (1..4)
     seed: int | None = None  # candidate's input sets; None = fresh each call
     perturb_inputs: bool = True  # change inputs in place between timed calls (untimed)
+    cpu_threads: int = 1  # on the CPU: threads for the baselines and the candidate alike (0 = torch's default)
     spot_check: bool = True
     atol: float = 1e-2
     rtol: float = 1e-2
@@ -143,6 +147,7 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
         num_input_sets=o.num_input_sets,
         seed=o.baseline_seed,
         cache_dir=o.baseline_cache_dir,
+        cpu_threads=o.cpu_threads,
     )
 
 
@@ -205,6 +210,11 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                 meta["baseline_key"] = rec.get("key")
                 if rec.get("compile_error"):
                     meta["compile_error"] = rec["compile_error"]
+                for k in ("compile_seconds", "compile_frames_warmup", "compile_recompiles_during_timing", "compile_retimed"):
+                    if k in rec:
+                        meta[k] = rec[k]
+                if "cpu_threads" in rec:
+                    meta["baseline_cpu_threads"] = rec["cpu_threads"]
                 if o.report_tf32_baselines and torch.device(device).type == "cuda":
                     te, tc, trec = measure_baselines_record(model_code, device, _baseline_opts(o, device, TF32.key), cache,
                                                            model=loaded.ref_model, init_inputs=loaded.init_inputs)
@@ -214,8 +224,10 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                 return fail(FailureCategory.CRASH, f"baseline measurement failed: {_short_exc(exc)}")
 
         # candidate
-        with precision_context(policy) as flags:
+        with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
             meta["precision_flags"] = flags
+            if threads is not None:
+                meta["cpu_threads"] = threads
             try:
                 first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
                 k = auto_input_sets(nbytes(first), device, o.num_input_sets)
