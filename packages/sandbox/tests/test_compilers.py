@@ -369,3 +369,24 @@ def test_nvcc_refuses_torch_bindings(tmp_path):
     (ws.root / "kernels" / "axpby_binding.cpp").write_text("#include <torch/extension.h>\n")
     r = NvccCompiler(NvccCompiler.Options(cache_dir=str(tmp_path / "cache"))).build(ws.root)
     assert not r.ok and "cpp_extension" in r.errors[0] and r.errors[0].startswith("kernels/axpby_binding.cpp:1:")
+
+
+@NEEDS_NVCC
+def test_cublas_is_linked_when_included(tmp_path):
+    ws = create_workspace(Task(id="t", source="test", code=TASK), tmp_path / "ws", backend="cuda", compiler="nvcc")
+    (ws.root / "kernels" / "gemm.cu").write_text(
+        '#include <cublas_v2.h>\n'
+        'extern "C" int make_handle(void* out) { return (int)cublasCreate((cublasHandle_t*)out); }\n')
+    c = NvccCompiler(NvccCompiler.Options(cache_dir=str(tmp_path / "cache")))
+    from cuda_agent.sandbox.compilers.toolchain import cuda_home, find_nvcc
+
+    if not (cuda_home(find_nvcc()) / "include" / "cublas_v2.h").exists():
+        pytest.skip("this CUDA toolkit has no cuBLAS")
+    r = c.build(ws.root)
+    if r.ok:  # the toolkit has cuBLAS
+        import subprocess
+
+        deps = subprocess.run(["readelf", "-d", r.artifact], capture_output=True, text=True).stdout
+        assert "libcublas" in deps
+    else:  # a toolkit without cuBLAS: the link was asked for it
+        assert any("cublas" in e for e in r.errors), r.errors

@@ -86,6 +86,12 @@ class IncrementalCompiler(Compiler):
         super().__init__(options)
         self._cache: BuildCache | None = None
         self._slots: JobSlots | None = None
+        self._tls = threading.local()  # per-build state (builds of several workspaces may share this object)
+
+    @property
+    def used_libraries(self) -> list[str]:
+        """cuBLAS/cuDNN when the sources of the build in progress (this thread) include them."""
+        return getattr(self._tls, "libs", [])
 
     # -- to implement --------------------------------------------------------------
 
@@ -172,12 +178,16 @@ class IncrementalCompiler(Compiler):
                 msg = 'no extern "C" function found in kernels/: export your launchers with extern "C"'
                 return self._fail(t0, [msg], msg, build_dir)
 
+        from .toolchain import used_cuda_libraries
+
+        self._tls.libs = used_cuda_libraries(
+            [(root / u.src).read_text(errors="replace") for u in units] + [self.header_text(root)])
         tool_id = self.toolchain_id()
         headers = self.header_text(root)
         for u in units:
             src_text = (root / u.src).read_bytes()
             u.key = sha256(self.name, tool_id, u.src, src_text, headers)
-        link_key = sha256(self.name, tool_id, "link", *sorted(u.key for u in units))
+        link_key = sha256(self.name, tool_id, "link", " ".join(self.used_libraries), *sorted(u.key for u in units))
         artifact = f"{self.artifact_stem}-{link_key[:16]}.so"
 
         man = read_manifest(build_dir)

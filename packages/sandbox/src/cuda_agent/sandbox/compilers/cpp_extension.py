@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..buildcache import atomic_write, run_tool, sha256, tool_version
 from .base import BuildError, CommonOptions, IncrementalCompiler, Unit, agent_sources
-from .toolchain import arch_flags, cuda_lib_dir, find_cxx, find_nvcc, torch_paths
+from .toolchain import arch_flags, cuda_lib_dir, find_cxx, find_nvcc, link_flags_for, torch_paths
 
 MODULE_NAME = "cuda_extension"
 COMMON_NVCC_FLAGS = [
@@ -138,4 +138,6 @@ class CppExtensionCompiler(IncrementalCompiler):
         cuda_lib = cuda_lib_dir(nvcc)
         return [find_cxx(self.options.cxx), "-shared", *objects, "-o", out,
                 "-L", str(tp.lib), f"-Wl,-rpath,{tp.lib}", *[f"-l{x}" for x in tp.libraries()],
-                "-L", str(cuda_lib), f"-Wl,-rpath,{cuda_lib}", *[f"-l{x}" for x in self.options.libraries]]
+                "-L", str(cuda_lib), f"-Wl,-rpath,{cuda_lib}", *[f"-l{x}" for x in self.options.libraries],
+                *link_flags_for([x for x in self.used_libraries if x not in self.options.libraries],
+                                nvcc)]

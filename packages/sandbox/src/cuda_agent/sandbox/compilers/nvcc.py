@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..buildcache import tool_version
 from .base import CommonOptions, IncrementalCompiler, Unit, agent_sources
-from .toolchain import arch_flags, cuda_home, cuda_lib_dir, find_cxx, find_nvcc
+from .toolchain import arch_flags, cuda_home, cuda_lib_dir, find_cxx, find_nvcc, link_flags_for
 
 
 @dataclass
@@ -73,4 +73,6 @@ class NvccCompiler(IncrementalCompiler):
         nvcc = self._nvcc()
         lib = cuda_lib_dir(nvcc)
         return [nvcc, "-shared", *arch_flags(self.options.arch, self.options.ptx), *objects, "-o", out,
-                "-L", str(lib), f"-Xlinker=-rpath,{lib}", *[f"-l{x}" for x in self.options.libraries]]
+                "-L", str(lib), f"-Xlinker=-rpath,{lib}", *[f"-l{x}" for x in self.options.libraries],
+                *link_flags_for([x for x in self.used_libraries if x not in self.options.libraries],
+                                nvcc, "-Xlinker=")]

@@ -137,3 +137,39 @@ def host_cpu_id() -> str:
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
     return f"{model.group(1) if model else ''}|{flags.group(1) if flags else ''}"
+
+
+def find_cuda_library(name: str, nvcc: str) -> Path | None:
+    """The folder holding ``lib<name>.so``: the CUDA toolkit, else pip's nvidia-* wheels."""
+    cands = [cuda_lib_dir(nvcc)]
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        for base in spec.submodule_search_locations:
+            cands += sorted(Path(base).glob("*/lib"))
+    for d in cands:
+        if any(d.glob(f"lib{name}.so*")):
+            return d
+    return None
+
+
+def used_cuda_libraries(texts: list[str]) -> list[str]:
+    """cuBLAS / cuDNN when the sources include them (the libraries the rules allow)."""
+    joined = "\n".join(texts)
+    out = []
+    if re.search(r"#\s*include\s*[<\"]cublas(_v2|Lt)?\.h", joined):
+        out.append("cublas")
+        if "cublasLt" in joined:
+            out.append("cublasLt")
+    if re.search(r"#\s*include\s*[<\"]cudnn\.h", joined):
+        out.append("cudnn")
+    return out
+
+
+def link_flags_for(libs: list[str], nvcc: str, linker_prefix: str = "-Wl,") -> list[str]:
+    flags: list[str] = []
+    for lib in libs:
+        d = find_cuda_library(lib, nvcc)
+        if d is not None and str(d) != str(cuda_lib_dir(nvcc)):
+            flags += ["-L", str(d), f"{linker_prefix}-rpath,{d}"]
+        flags.append(f"-l{lib}")
+    return flags
