@@ -13,6 +13,17 @@ Steps (:func:`verify_candidate`):
    allocated memory poisoned, then a comparison: same structure, shapes and dtypes,
    ``|out - ref| <= atol + rtol * |ref|`` everywhere, and no NaN/Inf where the reference
    has none.
+5. extra input draws (``extra_draws``, on by default): ``get_inputs()`` decides the value
+   distribution, and a narrow one lets a wrong candidate pass (``torch.rand`` inputs are all
+   positive, so "ReLU" returning its input unchanged matches). Each extra draw keeps the
+   shapes, dtypes and non-floating-point inputs (indices, sizes) of a ``get_inputs()`` draw
+   and refills every floating-point input from another distribution: ``normal`` (standard
+   normal) and ``wide`` (uniform on [-8, 8]: mixed signs, larger magnitudes). The reference
+   runs first; where it is not finite everywhere, raises, or is ill-conditioned (its output
+   moves beyond the tolerance when the inputs are scaled by 1 +- a few ulps, e.g. a sum that
+   cancels to almost zero), the inputs are outside what the task is defined for and the draw
+   is skipped (recorded in ``metadata["extra_draws"]``); otherwise the candidate must match it
+   like on any other input.
 
 Poisoned outputs (what holds). The harness cannot hand the candidate pre-filled output
 buffers, so uninitialised memory is made visible instead, two ways:
@@ -75,6 +86,20 @@ class VerifyOptions:
     reference: str = "model.py"
     candidate: str = "model_new.py"
     max_message_chars: int = 2000
+    # extra draws with the floating-point inputs from other distributions (see EXTRA_DRAWS);
+    # [] turns them off
+    extra_draws: list[str] = field(default_factory=lambda: ["normal", "wide"])
+    extra_draw_stability_check: bool = True  # skip draws on which the reference is ill-conditioned
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_draws, str):
+            self.extra_draws = [self.extra_draws]
+        self.extra_draws = list(self.extra_draws or [])
+        unknown = [k for k in self.extra_draws if k not in EXTRA_DRAWS]
+        if unknown:
+            from cuda_agent.core.errors import ConfigError
+
+            raise ConfigError(f"verify option extra_draws: unknown draw {unknown[0]!r}; valid: {', '.join(EXTRA_DRAWS)}")
 
 
 class VerifyTimeout(Exception):
@@ -266,6 +291,86 @@ def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "o
     if isinstance(out, torch.Tensor):
         return Comparison(False, f"{path}: expected {type(ref).__name__}, got a tensor", path)
     return Comparison(out == ref, "" if out == ref else f"{path}: got {out!r}, reference {ref!r}", path)
+
+
+# --- extra input draws --------------------------------------------------------------------
+
+# name -> (label used in messages, sampler(shape, generator, device) -> float32 tensor)
+EXTRA_DRAWS: dict[str, tuple[str, Any]] = {
+    "normal": ("standard normal", lambda shape, gen, dev: _torch().randn(shape, generator=gen, device=dev)),
+    "wide": ("uniform on [-8, 8], mixed signs",
+             lambda shape, gen, dev: _torch().rand(shape, generator=gen, device=dev).mul_(16.0).sub_(8.0)),
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def extra_draw_inputs(values: list, kind: str, seed: int, device: Any) -> tuple[list, int]:
+    """``values`` (a get_inputs() draw) with every floating-point tensor refilled from the
+    distribution ``kind``: same shape, dtype, strides and device; everything else kept.
+    Returns (new values, number of tensors refilled)."""
+    import torch
+
+    if kind not in EXTRA_DRAWS:
+        raise ValueError(f"unknown extra input draw {kind!r}; valid: {', '.join(EXTRA_DRAWS)}")
+    sampler = EXTRA_DRAWS[kind][1]
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    out, refilled = [], 0
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
+            new = torch.empty_like(v)
+            new.copy_(sampler(tuple(v.shape), gen, v.device))
+            out.append(new)
+            refilled += 1
+        else:
+            out.append(v)
+    return out, refilled
+
+
+def all_finite(obj: Any) -> bool:
+    """True when every floating-point value in ``obj`` (tensors, nested containers, floats) is finite."""
+    import math
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            return bool(torch.isfinite(obj).all())
+        return True
+    if isinstance(obj, (list, tuple)):
+        return all(all_finite(v) for v in obj)
+    if isinstance(obj, dict):
+        return all(all_finite(v) for v in obj.values())
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def nudged(values: list, seed: int) -> list:
+    """Copies of ``values`` with floating-point tensors scaled elementwise by 1 +- 4 ulps
+    (signs kept), to probe how sensitive the reference is to rounding-sized changes."""
+    import torch
+
+    out = []
+    gen = None
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0:
+            if gen is None:
+                gen = torch.Generator(device=v.device)
+                gen.manual_seed(seed)
+            work = torch.float64 if v.dtype == torch.float64 else torch.float32
+            eps = torch.finfo(v.dtype).eps
+            u = torch.rand(v.shape, generator=gen, device=v.device, dtype=work).mul_(2.0).sub_(1.0)
+            out.append((v.to(work) * (1.0 + 4.0 * eps * u)).to(v.dtype))
+        else:
+            out.append(v)
+    return out
 
 
 # --- poisoning --------------------------------------------------------------------------
@@ -514,25 +619,10 @@ def verify_candidate(
         meta["init_inputs"] = describe(loaded.init_inputs)
         seeds = input_seeds(seed, opts.num_inputs)
         meta["input_seeds"] = seeds
-        for i, s in enumerate(seeds):
-            name = f"input[{i}] seed={s}"
-            try:
-                drawn = draw_inputs(ref_mod.get_inputs, s, device)
-            except Exception as exc:
-                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
-            inputs = drawn.values
-            if i == 0:
-                meta["inputs"] = describe(inputs)
-                meta["inputs_replaced_zeros"] = drawn.replaced_zeros
-            try:
-                ref_out = loaded.ref_model(*clone_inputs(inputs))
-                synchronize(device)
-            except Exception as exc:
-                return result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
-            if i == 0:
-                meta["outputs"] = describe(ref_out)
-            cand_inputs = clone_inputs(inputs)
-            del inputs
+
+        def run_candidate(name: str, cand_inputs: list, ref_out: Any, rule: str) -> VerifyResult | None:
+            """The candidate on ``cand_inputs`` (guarded, memory poisoned), compared with
+            ``ref_out``; a failed VerifyResult, or None when it matched."""
             if opts.poison:
                 meta["poisoned_bytes"] = poison_allocator(device, nbytes(ref_out) + nbytes(cand_inputs))
             guard = None
@@ -578,10 +668,92 @@ def verify_candidate(
                     message=cmp.message,
                 )
             )
-            if i == 0:
+            if "candidate_outputs" not in meta:
                 meta["candidate_outputs"] = describe(out)
-            del out, ref_out, cand_inputs
+            del out
             if not cmp.ok:
-                return result(False, FailureCategory.WRONG_RESULT, f"wrong result on {name}: {cmp.message}")
+                return result(False, FailureCategory.WRONG_RESULT, f"wrong result on {rule}: {cmp.message}")
+            return None
+
+        for i, s in enumerate(seeds):
+            name = f"input[{i}] seed={s}"
+            try:
+                drawn = draw_inputs(ref_mod.get_inputs, s, device)
+            except Exception as exc:
+                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+            inputs = drawn.values
+            if i == 0:
+                meta["inputs"] = describe(inputs)
+                meta["inputs_replaced_zeros"] = drawn.replaced_zeros
+            try:
+                ref_out = loaded.ref_model(*clone_inputs(inputs))
+                synchronize(device)
+            except Exception as exc:
+                return result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
+            if i == 0:
+                meta["outputs"] = describe(ref_out)
+            cand_inputs = clone_inputs(inputs)
+            del inputs
+            failed = run_candidate(name, cand_inputs, ref_out, name)
+            del ref_out, cand_inputs
+            if failed is not None:
+                return failed
+
+        # extra draws: the same shapes, floating-point values from other distributions
+        extra_log: list[dict] = []
+        meta["extra_draws"] = extra_log
+        extra_seeds = input_seeds(seed ^ 0x5A5A5A5A, len(opts.extra_draws or []))
+        for kind, s in zip(opts.extra_draws or [], extra_seeds):
+            label = EXTRA_DRAWS[kind][0] if kind in EXTRA_DRAWS else kind
+            name = f"extra[{kind}] seed={s}"
+            entry: dict[str, Any] = {"draw": kind, "label": label, "seed": s}
+            extra_log.append(entry)
+            try:
+                base = draw_inputs(ref_mod.get_inputs, s, device).values
+                inputs, refilled = extra_draw_inputs(base, kind, s, device)
+                del base
+            except ValueError as exc:
+                return result(False, FailureCategory.CRASH, f"verify option extra_draws: {exc}")
+            except Exception as exc:
+                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+            if not refilled:
+                entry.update(status="skipped", reason="no floating-point inputs")
+                continue
+            try:
+                ref_out = loaded.ref_model(*clone_inputs(inputs))
+                synchronize(device)
+            except Exception as exc:  # inputs outside the reference's domain
+                entry.update(status="skipped", reason=f"reference raised: {_short_exc(exc, 200)}")
+                continue
+            if not all_finite(ref_out):
+                entry.update(status="skipped", reason="reference output not finite (inputs outside its domain)")
+                del ref_out, inputs
+                continue
+            if opts.extra_draw_stability_check:
+                try:
+                    probe = loaded.ref_model(*nudged(inputs, s + 1))
+                    synchronize(device)
+                    stable = all_finite(probe) and compare_outputs(ref_out, probe, opts.atol, opts.rtol, "output",
+                                                                   opts.check_dtype).ok
+                    del probe
+                except Exception:
+                    stable = False
+                if not stable:
+                    entry.update(status="skipped",
+                                 reason="reference ill-conditioned (output moves beyond the tolerance under ulp-sized input changes)")
+                    del ref_out, inputs
+                    continue
+            cand_inputs = clone_inputs(inputs)
+            del inputs
+            failed = run_candidate(name, cand_inputs, ref_out, f"an extra input draw ({label})")
+            del ref_out, cand_inputs
+            entry["status"] = "failed" if failed is not None else "passed"
+            if failed is not None:
+                return failed
     worst = max((c.max_abs_err or 0.0 for c in checks), default=0.0)
-    return result(True, FailureCategory.NONE, f"correct on {opts.num_inputs} inputs (max abs err {worst:.3g})")
+    done = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "passed")
+    skipped = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "skipped")
+    extra = ""
+    if done or skipped:
+        extra = f" and {done} extra draw{'s' if done != 1 else ''}" + (f" ({skipped} skipped)" if skipped else "")
+    return result(True, FailureCategory.NONE, f"correct on {opts.num_inputs} inputs{extra} (max abs err {worst:.3g})")
