@@ -432,3 +432,18 @@ def test_sessions_on_one_workspace_share_its_user(ws, tmp_path):
         b.close()
         c.close()
     assert p.poll() is not None
+
+
+def test_files_written_by_host_tools_become_the_agents(kind, ws):
+    """The agent's write/edit tools run host-side; what they create must stay editable
+    from the agent's shell."""
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        if not isolated(s) or s.lease is None:
+            pytest.skip("no separate user here")
+        (ws.root / "kernels" / "sub").mkdir()
+        (ws.root / "kernels" / "sub" / "new.cu").write_text("// from the write tool\n")
+        (ws.root / "model_new.py").write_text("# rewritten by the edit tool\n")
+        r = s.run("echo '// appended' >> kernels/sub/new.cu && echo '# more' >> model_new.py && "
+                  "touch kernels/sub/other.cu && cat kernels/sub/new.cu")
+        assert r.exit_code == 0 and "appended" in r.output, r.output
+        assert (ws.root / "model.py").stat().st_uid == 0  # protected files are left alone

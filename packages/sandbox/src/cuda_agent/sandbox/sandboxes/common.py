@@ -232,11 +232,43 @@ def tree_size(root: Path, stop_at: int) -> int:
     return total
 
 
+def adopt_files(root: Path, protected: list[str], uid: int, gid: int) -> int:
+    """Give the agent the files that host-side tools (the agent's write/edit tools run
+    outside the sandbox) created in its part of the workspace; returns how many changed."""
+    changed = 0
+    root = Path(root)
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            rel = os.path.relpath(e.path, root)
+            if rel == STATE_DIR or rel.startswith(STATE_DIR + "/") or _is_protected(rel, protected):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+                is_dir = e.is_dir(follow_symlinks=False)
+                if st.st_uid != uid and not e.is_symlink():
+                    os.lchown(e.path, uid, gid)
+                    os.chmod(e.path, 0o770 if is_dir else (0o660 | (st.st_mode & 0o110)))
+                    changed += 1
+            except OSError:
+                continue
+            if is_dir:
+                stack.append(Path(e.path))
+    return changed
+
+
 class DiskWatchdog:
     """Kills the session's processes when the workspace grows past ``limit_mb``."""
 
-    def __init__(self, root: Path, limit_mb: int, on_exceed: Callable[[], None], period: float = 0.5):
+    def __init__(self, root: Path, limit_mb: int, on_exceed: Callable[[], None], period: float = 0.5,
+                 on_tick: Callable[[], None] | None = None):
         self.root = root
+        self.on_tick = on_tick
         self.limit = limit_mb * 1024 * 1024
         self.on_exceed = on_exceed
         self.period = period
@@ -246,12 +278,15 @@ class DiskWatchdog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, name="disk-watchdog", daemon=True)
-        if limit_mb > 0:
+        if limit_mb > 0 or on_tick is not None:
             self._t.start()
 
     def check(self) -> bool:
         """Kill the session when the workspace passes the limit, and again each time it grows
         further while over it (commands that only delete files may run)."""
+        if self.on_tick is not None:
+            with contextlib.suppress(Exception):
+                self.on_tick()
         if self.limit <= 0:
             return False
         with self._lock:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+from .common import (CommandResult, adopt_files, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
                      is_root, release_uid)
 from .image import DEFAULT_IMAGE, docker_client, image_exists
 
@@ -215,7 +215,7 @@ class DockerSession(SandboxSession):
         self.user = f"{uid}:{gid}"
         self.container = self._start()
         self.restarts = 0
-        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self.kill_all)
+        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self.kill_all, on_tick=self._adopt)
 
     def _host_path(self, p: Path) -> str:
         s = str(p)
@@ -258,6 +258,10 @@ class DockerSession(SandboxSession):
         out.update(self.options.extra_env)
         out.update({str(k): str(v) for k, v in (env or {}).items()})
         return out
+
+    def _adopt(self) -> None:
+        if self.lease is not None:
+            adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
 
     def spawn(self, argv: list[str], env: dict | None = None) -> DockerProcess:
         if self._closed:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+from .common import (CommandResult, adopt_files, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
                      is_root, release_uid, uid_users)
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
@@ -152,7 +152,7 @@ class LocalSession(SandboxSession):
             apply_layout(self.workspace, self.protected, self.lease.uid, self.lease.gid)
         else:
             apply_layout(self.workspace, self.protected, None, None)
-        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self._disk_exceeded)
+        self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self._disk_exceeded, on_tick=self._adopt)
         self._net_prefix = self._probe_network()
 
     # -- setup --------------------------------------------------------------------
@@ -226,6 +226,10 @@ class LocalSession(SandboxSession):
         return _Plan(prefix, cfg, None)
 
     # -- processes ----------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        if self.lease is not None:
+            adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
 
     def spawn(self, argv: list[str], env: dict | None = None) -> SandboxProcess:
         if self._closed:
