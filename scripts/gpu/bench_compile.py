@@ -279,6 +279,11 @@ def main() -> int:
     for r in rows:
         if r.get("error") and not r["ok"]:
             print(f"note: {r['method']} failed: {r['error']}")
+            from cuda_agent.sandbox.compilers.toolchain import torch_paths
+
+            if not torch_paths().cuda:
+                print("      (a CPU-only torch has no libc10_cuda/libtorch_cuda to link: its time covers every compile "
+                      "but not the link)")
     print("units = compile units rebuilt; proc = fresh process (Python start + imports); warm = resident service")
     for c in checks:
         print(f"built example runs ({c['compiler']}): {'correct' if c['ok'] else 'FAILED'} ({c['detail']})")
