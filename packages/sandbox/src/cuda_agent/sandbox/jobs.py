@@ -11,6 +11,10 @@
   solution (a module defining ``ModelNew`` that builds its own CUDA with ``load_inline``):
   the candidate module is a parameter.
 
+In an executor worker running as root, the trusted part of a job (reading ``model.py``,
+the baselines and their cache) runs first; then the process gives up root for good before
+the candidate is imported (see :mod:`.privdrop`; ``drop_privileges`` in the options).
+
 Devices: ``"cuda"``/``"cuda:N"``, or ``"cpu"`` (wall-clock profiler, ``torch.compile`` on the
 CPU for the compile baseline; TF32 flags are irrelevant there). On the CPU the baselines and
 the candidate are timed under the same thread count, ``cpu_threads`` (default 1; see
@@ -37,11 +41,13 @@ from .baselines import (
 from .guard import GuardOptions
 from .inputs import describe, draw_inputs, nbytes, perturb_
 from .precision import TF32, policy_from, precision_context
+from .privdrop import current_view, drop_privileges, rebase
 from .verify import (
     LoadFailure,
     VerifyOptions,
     _device_info,
     _short_exc,
+    build_candidate,
     build_models,
     compare_outputs,
     fresh_seed,
@@ -57,6 +63,7 @@ __all__ = [
     "ProfileOptions",
     "VerifyOptions",
     "measure_baselines",
+    "prepare_baselines",
     "profile_file",
     "profile_workspace",
     "verify_file",
@@ -87,6 +94,9 @@ class ProfileOptions:
     candidate: str = "model_new.py"
     reference: str = "model.py"
     ncu_options: dict = field(default_factory=dict)  # with profiler nsight_compute
+    # as root on Linux: time the candidate as an unprivileged user, after the baselines
+    # (see .privdrop); CUDA_AGENT_DROP_PRIVILEGES=0 switches it off too
+    drop_privileges: bool = True
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None) -> VerifyResult:
@@ -151,9 +161,11 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
     )
 
 
-def profile_workspace(workspace: str, device: str, options: ProfileOptions | None = None) -> ProfileResult:
-    """Time ``<workspace>/model_new.py`` with baselines from the cache."""
-    return profile_candidate(workspace, device, _profile_opts(options))
+def profile_workspace(workspace: str, device: str, options: ProfileOptions | None = None,
+                      baselines: dict | None = None) -> ProfileResult:
+    """Time ``<workspace>/model_new.py`` with baselines from the cache (or ``baselines``,
+    from :func:`prepare_baselines`)."""
+    return profile_candidate(workspace, device, _profile_opts(options), baselines=baselines)
 
 
 def profile_file(candidate: str, reference: str, device: str, options: ProfileOptions | None = None) -> ProfileResult:
@@ -163,7 +175,7 @@ def profile_file(candidate: str, reference: str, device: str, options: ProfileOp
 
 
 def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, candidate: str | Path | None = None,
-                      reference: str | Path | None = None) -> ProfileResult:
+                      reference: str | Path | None = None, baselines: dict | None = None) -> ProfileResult:
     import torch
 
     from .profilers import get_profiler
@@ -174,6 +186,10 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
     cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
     ref_path = Path(reference or o.reference)
     ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    host_paths = (ws, cand_path, ref_path)  # for tools started as other processes (ncu)
+    if current_view(ws) != ws:  # an earlier step of this job gave up root rights
+        view = current_view(ws)
+        cand_path, ref_path, ws = rebase(cand_path, ws, view), rebase(ref_path, ws, view), view
     policy = policy_from(o.precision)
     prof_name = o.profiler or default_profiler(device)
     timing_name = "cuda_events" if prof_name == "nsight_compute" else prof_name
@@ -190,38 +206,44 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
         return fail(FailureCategory.CRASH, f"profiler {prof_name!r} unavailable: {exc}")
     model_code = ref_path.read_text() if ref_path.is_file() else ""
     eager = comp = None
+    # trusted part, with the job's own rights: the reference, the baselines (cache writes)
     with workspace_imports(ws), torch.no_grad():
         try:
             ref_mod = load_reference(ref_path)
-            cand_mod, _ns = load_candidate(cand_path)
-            loaded = build_models(ref_mod, cand_mod, device, o.baseline_seed, True, cand_path.name)
+            loaded = build_models(ref_mod, None, device, o.baseline_seed, True, cand_path.name)
         except LoadFailure as exc:
             return fail(exc.category, exc.message)
         meta["init_inputs"] = describe(loaded.init_inputs)
+        # the candidate gets the reference's weights and buffers as they were before any
+        # baseline ran (timing may move running statistics)
+        params = {n for n, _ in loaded.ref_model.named_parameters()}
+        buffers = {k: v.detach().clone() for k, v in loaded.ref_model.state_dict().items() if k not in params}
 
         # baselines (cached)
-        if o.baselines:
+        if baselines is not None and baselines.get("error"):
+            return fail(FailureCategory.CRASH, f"baseline measurement failed: {baselines['error']}")
+        if baselines is not None:
+            eager, comp = baselines.get("eager"), baselines.get("compile")
+            meta.update(baselines.get("meta") or {})
+        elif o.baselines:
             try:
-                bopts = _baseline_opts(o, device)
-                cache = cache_for(bopts.cache_dir or None)
-                eager, comp, rec = measure_baselines_record(model_code, device, bopts, cache, model=loaded.ref_model,
-                                                           init_inputs=loaded.init_inputs)
-                meta["baseline_cache"] = "hit" if rec.get("cached") else "miss"
-                meta["baseline_key"] = rec.get("key")
-                if rec.get("compile_error"):
-                    meta["compile_error"] = rec["compile_error"]
-                for k in ("compile_seconds", "compile_frames_warmup", "compile_recompiles_during_timing", "compile_retimed"):
-                    if k in rec:
-                        meta[k] = rec[k]
-                if "cpu_threads" in rec:
-                    meta["baseline_cpu_threads"] = rec["cpu_threads"]
-                if o.report_tf32_baselines and torch.device(device).type == "cuda":
-                    te, tc, trec = measure_baselines_record(model_code, device, _baseline_opts(o, device, TF32.key), cache,
-                                                           model=loaded.ref_model, init_inputs=loaded.init_inputs)
-                    meta["tf32_baselines"] = {"eager_ms": te.median_ms, "compile_ms": tc.median_ms if tc else None,
-                                              "cache": "hit" if trec.get("cached") else "miss"}
+                eager, comp, bmeta = _baselines(model_code, device, o, loaded.ref_model, loaded.init_inputs)
+                meta.update(bmeta)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"baseline measurement failed: {_short_exc(exc)}")
+    # from here on candidate code runs: give up root first
+    view, priv = drop_privileges(ws, o.drop_privileges)
+    meta.update(priv)
+    cand_path = rebase(cand_path, ws, view)
+    with workspace_imports(view), torch.no_grad():
+        try:
+            cand_mod, _ns = load_candidate(cand_path)
+            state = dict(loaded.ref_model.state_dict())
+            state.update(buffers)
+            build_candidate(loaded, cand_mod, device, o.baseline_seed, True, cand_path.name, state=state)
+        except LoadFailure as exc:
+            return fail(exc.category, exc.message, eager=eager, compile=comp)
+        del state, buffers
 
         # candidate
         with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
@@ -273,12 +295,61 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
         try:
             from .profilers.nsight_compute import NsightComputeProfiler, analyze
 
-            meta["ncu"] = analyze(ws, device, str(cand_path), str(ref_path), seed, NsightComputeProfiler.Options(**o.ncu_options))
+            meta["ncu"] = analyze(host_paths[0], device, str(host_paths[1]), str(host_paths[2]), seed, NsightComputeProfiler.Options(**o.ncu_options))
         except Exception as exc:
             meta["ncu_error"] = str(exc)[:500]
     res.message = _summary(res)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = None,
+               init_inputs: Any = None) -> tuple[Any, Any, dict]:
+    """(eager, compile, metadata) of the reference from the cache, measured on a miss."""
+    import torch
+
+    meta: dict[str, Any] = {}
+    bopts = _baseline_opts(o, device)
+    cache = cache_for(bopts.cache_dir or None)
+    eager, comp, rec = measure_baselines_record(model_code, device, bopts, cache, model=model, init_inputs=init_inputs)
+    meta["baseline_cache"] = "hit" if rec.get("cached") else "miss"
+    meta["baseline_key"] = rec.get("key")
+    if rec.get("compile_error"):
+        meta["compile_error"] = rec["compile_error"]
+    for k in ("compile_seconds", "compile_frames_warmup", "compile_recompiles_during_timing", "compile_retimed"):
+        if k in rec:
+            meta[k] = rec[k]
+    if "cpu_threads" in rec:
+        meta["baseline_cpu_threads"] = rec["cpu_threads"]
+    if o.report_tf32_baselines and torch.device(device).type == "cuda":
+        te, tc, trec = measure_baselines_record(model_code, device, _baseline_opts(o, device, TF32.key), cache,
+                                               model=model, init_inputs=init_inputs)
+        meta["tf32_baselines"] = {"eager_ms": te.median_ms, "compile_ms": tc.median_ms if tc else None,
+                                  "cache": "hit" if trec.get("cached") else "miss"}
+    return eager, comp, meta
+
+
+def prepare_baselines(workspace: str, device: str, options: ProfileOptions | dict | None = None) -> dict | None:
+    """The trusted part of :func:`profile_workspace` ahead of time: the baselines (cached),
+    for a job that runs candidate code (and so gives up its rights) before profiling.
+    Returns ``{"eager", "compile", "meta"}`` for ``profile_workspace(baselines=...)``,
+    ``{"error": ...}`` when they could not be measured (profiling then says so), or None
+    when the baselines are off or the reference is missing."""
+    import torch
+
+    o = _profile_opts(options)
+    if not o.baselines:
+        return None
+    ref_path = Path(o.reference)
+    ref_path = ref_path if ref_path.is_absolute() else Path(workspace) / ref_path
+    if not ref_path.is_file():
+        return None
+    try:
+        with workspace_imports(workspace), torch.no_grad():
+            eager, comp, meta = _baselines(ref_path.read_text(), device, o)
+    except Exception as exc:
+        return {"error": _short_exc(exc)}
+    return {"eager": eager, "compile": comp, "meta": meta}
 
 
 def _category(exc: BaseException) -> FailureCategory:

@@ -64,6 +64,7 @@ from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
 from .guard import ForbiddenOpError, GuardOptions, forward_guard, new_namespaces, registered_op_names
 from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
 from .precision import policy_from, precision_context
+from .privdrop import current_view, drop_privileges, rebase
 
 _COUNTER = itertools.count()
 
@@ -90,6 +91,9 @@ class VerifyOptions:
     # [] turns them off
     extra_draws: list[str] = field(default_factory=lambda: ["normal", "wide"])
     extra_draw_stability_check: bool = True  # skip draws on which the reference is ill-conditioned
+    # as root on Linux: run the candidate as an unprivileged user (see .privdrop); off only
+    # on hosts where that breaks the GPU (CUDA_AGENT_DROP_PRIVILEGES=0 switches it off too)
+    drop_privileges: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.extra_draws, str):
@@ -116,7 +120,9 @@ def workspace_imports(workspace: str | Path) -> Iterator[None]:
     """Put ``workspace`` first on ``sys.path`` and forget, afterwards, every module imported
     from it (a worker process serves many workspaces; names like ``cuda_agent_runtime``
     must resolve to the current one)."""
-    ws = str(Path(workspace).resolve())
+    ws = str(workspace)
+    if not ws.startswith("/proc/self/fd/"):  # a handle of a job that gave up root (see .privdrop)
+        ws = str(Path(workspace).resolve())
     for name in _WORKSPACE_MODULES:
         sys.modules.pop(name, None)
     saved = list(sys.path)
@@ -520,6 +526,19 @@ def build_models(ref_mod: Any, cand_mod: Any | None, device: Any, seed: int, str
     loaded = Loaded(ref_mod, cand_mod, ref_model=ref_model, init_inputs=init)
     if cand_mod is None:
         return loaded
+    return build_candidate(loaded, cand_mod, device, seed, strict_state_dict, cand_name)
+
+
+def build_candidate(loaded: Loaded, cand_mod: Any, device: Any, seed: int, strict_state_dict: bool = True,
+                    cand_name: str = "model_new.py", state: dict | None = None) -> Loaded:
+    """Build ``ModelNew`` beside the reference of ``loaded`` and load the reference's
+    ``state_dict`` (or ``state``) into it."""
+    import torch
+
+    dev = torch.device(device)
+    init = loaded.init_inputs
+    ref_model = loaded.ref_model
+    loaded.candidate = cand_mod
     try:
         seed_everything(seed)
         with torch.device(dev):
@@ -528,7 +547,7 @@ def build_models(ref_mod: Any, cand_mod: Any | None, device: Any, seed: int, str
     except Exception as exc:
         raise LoadFailure(FailureCategory.CRASH, f"ModelNew(*get_init_inputs()) failed: {_short_exc(exc, files=(cand_name,))}")
     try:
-        cand_model.load_state_dict(ref_model.state_dict(), strict=strict_state_dict)
+        cand_model.load_state_dict(ref_model.state_dict() if state is None else state, strict=strict_state_dict)
     except Exception as exc:
         text = " ".join(str(exc).split())
         raise LoadFailure(
@@ -587,6 +606,9 @@ def verify_candidate(
     cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
     ref_path = Path(reference or opts.reference)
     ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    if current_view(ws) != ws:  # an earlier step of this job gave up root rights
+        view = current_view(ws)
+        cand_path, ref_path, ws = rebase(cand_path, ws, view), rebase(ref_path, ws, view), view
     seed = opts.seed if opts.seed is not None else fresh_seed()
     policy = policy_from(opts.precision)
     meta: dict[str, Any] = {"seed": seed, "precision_policy": policy.key, "atol": opts.atol, "rtol": opts.rtol}
@@ -607,10 +629,18 @@ def verify_candidate(
     import torch
 
     meta.update(_device_info(device))
-    with workspace_imports(ws), precision_context(policy) as flags, torch.no_grad():
+    with workspace_imports(ws), torch.no_grad():
+        try:  # trusted: the reference is read with the job's own rights
+            ref_mod = load_reference(ref_path)
+        except LoadFailure as exc:
+            return result(False, exc.category, exc.message)
+    # from here on candidate code runs: give up root first
+    view, priv = drop_privileges(ws, opts.drop_privileges)
+    meta.update(priv)
+    cand_path = rebase(cand_path, ws, view)
+    with workspace_imports(view), precision_context(policy) as flags, torch.no_grad():
         meta["precision_flags"] = flags
         try:
-            ref_mod = load_reference(ref_path)
             cand_mod, namespaces = load_candidate(cand_path)
             meta["custom_op_namespaces"] = sorted(namespaces)
             loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)

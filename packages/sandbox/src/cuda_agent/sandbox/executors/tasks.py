@@ -60,7 +60,17 @@ def evaluate(workspace: str, device: str, verify_options: dict | None = None,
              profile_options: dict | None = None) -> tuple[Any, Any]:
     """Verify, then (when correct) profile, in one worker: one process start and one
     load of the candidate instead of two. Returns (VerifyResult, ProfileResult or None)."""
-    v = verify(workspace, device, verify_options)
+    from cuda_agent.sandbox import jobs
+    from cuda_agent.sandbox.privdrop import will_drop
+
+    popts = _options(jobs, "ProfileOptions", profile_options)
+    vopts = _options(jobs, "VerifyOptions", verify_options)
+    baselines = None
+    if will_drop(getattr(vopts, "drop_privileges", True)):
+        # verification gives up root rights before the candidate runs: the baselines
+        # (trusted, cached on disk) are measured first, with the job's own rights
+        baselines = jobs.prepare_baselines(workspace, device, popts)
+    v = jobs.verify_workspace(workspace, device, vopts)
     if not getattr(v, "ok", False):
         return v, None
-    return v, profile(workspace, device, profile_options)
+    return v, jobs.profile_workspace(workspace, device, popts, baselines=baselines)

@@ -69,6 +69,19 @@ def _health(check: Callable[[], Any] | None) -> str | None:
     return str(out) if out else None
 
 
+def _after_job(health: str | None) -> str | None:
+    """The health reason after a job, also saying so when the job gave up root rights
+    (:mod:`cuda_agent.sandbox.privdrop`): such a process never serves another job."""
+    mod = sys.modules.get("cuda_agent.sandbox.privdrop")
+    if mod is None:
+        return health
+    try:
+        dropped = mod.after_job()
+    except Exception as exc:  # noqa: BLE001 - the process is unfit either way
+        dropped = f"cleaning up after a job that dropped its rights failed: {exc}"
+    return health or dropped
+
+
 def _watch_parent(parent: int) -> None:
     """End this worker (and its process group) when the pool's process is gone."""
     import signal
@@ -91,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
+    # marks this process as a job process: jobs that run candidate code may give up root
+    # rights for good here (cuda_agent.sandbox.privdrop), never in the caller's process
+    os.environ["CUDA_AGENT_JOB_PROCESS"] = str(os.getpid())
     conn = Connection(int(cfg["fd"]))
     if cfg.get("parent"):
         _watch_parent(int(cfg["parent"]))
@@ -133,13 +149,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             seconds = time.perf_counter() - t0
             tb = traceback.format_exc(limit=20)
-            health = _health(check)
+            health = _after_job(_health(check))
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send(("error", job_id, type(exc).__name__, str(exc), tb, seconds, health))
             continue
         seconds = time.perf_counter() - t0
-        health = _health(check)
+        health = _after_job(_health(check))
         sys.stdout.flush()
         sys.stderr.flush()
         try:

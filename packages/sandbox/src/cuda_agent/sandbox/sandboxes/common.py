@@ -149,6 +149,10 @@ def apply_layout(root: Path, protected: list[str], uid: int | None, gid: int | N
                 sub.chmod(0o666)
             elif sub.is_dir() and not sub.is_symlink():
                 sub.chmod(0o755)
+        if owner:  # jobs that run the agent's code as root drop to this user (see ..privdrop)
+            from ..privdrop import record_user
+
+            record_user(root, uid, gid)
     chown(root, 0, gid or 0)
     root.chmod(0o1770 if owner else 0o755)
 

@@ -1,0 +1,204 @@
+"""Candidate code runs without root rights: real executor worker processes, as root.
+
+A candidate whose forward (or module import) tries to overwrite the baseline cache, the
+workspace's model.py or tools/profile.py, or a file in /root or /etc fails with a
+PermissionError, its job reports it as failing, and the files are unchanged; an honest
+candidate in the same setup still verifies and profiles, and the baseline cache still works.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.types import FailureCategory  # noqa: E402
+from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
+from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
+from cuda_agent.sandbox.privdrop import FALLBACK_UID, closed_folder, rebase, workspace_user  # noqa: E402
+from cuda_agent.sandbox.sandboxes.common import apply_layout  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_verify_support import make_workspace, relu_new  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="privilege drop needs root on Linux (the jobs keep their rights otherwise)")
+
+T = "cuda_agent.sandbox.executors.tasks:"
+FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
+AGENT_UID = 61999  # stands for the local sandbox's agent user of the workspace
+
+ATTACK = '''
+import torch
+import torch.nn as nn
+from cuda_agent_runtime import load_kernels
+
+kernels = load_kernels()
+TARGET = {target!r}
+
+
+def _tamper():
+    with open(TARGET, "w") as f:
+        f.write("tampered")
+
+{at_import}
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        {in_forward}
+        y = torch.empty_like(x)
+        kernels.relu(x, y, x.numel())
+        return y
+'''
+
+
+def attack(target: str, when: str) -> str:
+    return ATTACK.format(target=target, at_import="_tamper()" if when == "import" else "",
+                         in_forward="_tamper()" if when == "forward" else "pass")
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = CpuExecutor(CpuExecutorOptions(timeout=120.0, warm_plugins=True))
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(scope="module", params=["sandbox_user", "fixed_user"])
+def setup(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"drop-{request.param}")
+    ws = make_workspace(tmp)
+    if request.param == "sandbox_user":  # as the local sandbox lays a workspace out as root
+        apply_layout(Path(ws.root), ws.protected, AGENT_UID, AGENT_UID)
+        assert workspace_user(ws.root) == (AGENT_UID, AGENT_UID)
+    else:
+        assert workspace_user(ws.root) is None
+    cache = tmp / "cache"
+    return {"ws": Path(ws.root), "cache": cache, "uid": AGENT_UID if request.param == "sandbox_user" else FALLBACK_UID}
+
+
+def popts(setup) -> dict:
+    return {"baseline_cache_dir": str(setup["cache"]), "profiler_options": dict(FAST), "compile_baseline": False}
+
+
+def run(executor, fn: str, ws: Path, **kw):
+    return executor.run(Job(T + fn, {"workspace": str(ws), **kw}, kind=fn))
+
+
+def cache_files(setup) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(setup["cache"].rglob("*.json"))}
+
+
+def test_honest_candidate_verifies_and_profiles_without_root(executor, setup):
+    ws = setup["ws"]
+    v = run(executor, "verify", ws, options={"seed": 1})
+    assert v.ok, v.message
+    assert v.metadata["privileges"].startswith(f"dropped to uid {setup['uid']}")
+    assert v.metadata["job_mounts"] == "private" or v.metadata["job_mounts"].startswith("shared")
+    p1 = run(executor, "profile", ws, options=popts(setup))
+    assert p1.ok, p1.message
+    assert p1.metadata["privileges"].startswith(f"dropped to uid {setup['uid']}")
+    assert p1.eager is not None and p1.candidate.median_ms > 0
+    files = cache_files(setup)
+    assert len(files) == 1 and all(os.stat(f).st_uid == 0 for f in files)  # written before the drop
+    p2 = run(executor, "profile", ws, options=popts(setup))
+    assert p2.ok and p2.metadata["baseline_cache"] == "hit", p2.message
+    assert p2.eager.median_ms == p1.eager.median_ms
+    v3, p3 = run(executor, "evaluate", ws, verify_options={"seed": 2}, profile_options=popts(setup))
+    assert v3.ok and p3 is not None and p3.ok, (v3.message, p3 and p3.message)
+    assert p3.metadata["baseline_cache"] == "hit" and p3.eager.median_ms == p1.eager.median_ms
+    assert cache_files(setup) == files
+
+
+def test_drop_can_be_switched_off(executor, setup):
+    v = run(executor, "verify", setup["ws"], options={"seed": 1, "drop_privileges": False})
+    assert v.ok and v.metadata["privileges"].startswith("kept (switched off"), v.metadata.get("privileges")
+
+
+def _targets(setup) -> dict[str, Path]:
+    ws = setup["ws"]
+    return {
+        "model.py": ws / "model.py",
+        "tools/profile.py": ws / "tools" / "profile.py",
+        "root": Path("/root") / f"cuda-agent-test-{uuid.uuid4().hex[:8]}",
+        "etc": Path("/etc") / f"cuda-agent-test-{uuid.uuid4().hex[:8]}",
+    }
+
+
+@pytest.mark.parametrize("what", ["baseline_cache", "model.py", "tools/profile.py", "root", "etc"])
+@pytest.mark.parametrize("when", ["forward", "import"])
+def test_candidate_cannot_write_outside(executor, setup, what, when):
+    ws = setup["ws"]
+    if not cache_files(setup):  # the baselines exist before the attack
+        assert run(executor, "profile", ws, options=popts(setup)).ok
+    if what == "baseline_cache":
+        target = next(iter(cache_files(setup)))
+    else:
+        target = _targets(setup)[what]
+    before = target.read_bytes() if target.exists() else None
+    cache_before = cache_files(setup)
+    honest = (ws / "model_new.py").read_text()
+    try:
+        (ws / "model_new.py").write_text(attack(str(target), when))
+        v = run(executor, "verify", ws, options={"seed": 3})
+        p = run(executor, "profile", ws, options=popts(setup))
+        ev, ep = run(executor, "evaluate", ws, verify_options={"seed": 4}, profile_options=popts(setup))
+    finally:
+        (ws / "model_new.py").write_text(honest)
+    for r in (v, p, ev):
+        assert not r.ok
+        # a file the user may not write, or may not even see (hidden behind a closed folder)
+        assert "PermissionError" in r.message or "FileNotFoundError" in r.message, r.message
+        assert r.failure == (FailureCategory.COMPILE_ERROR if when == "import" else FailureCategory.CRASH), r.message
+        assert r.metadata["privileges"].startswith("dropped"), r.metadata
+    assert ep is None
+    if when == "import":
+        assert "importing model_new.py failed" in v.message
+    else:
+        assert "ModelNew.forward raised" in v.message and "ModelNew failed while being timed" in p.message
+    assert (target.read_bytes() if target.exists() else None) == before
+    assert cache_files(setup) == cache_before
+    if what == "baseline_cache":  # still served from the cache afterwards
+        again = run(executor, "profile", ws, options=popts(setup))
+        assert again.ok and again.metadata["baseline_cache"] == "hit", again.message
+
+
+def test_rebase_keeps_paths_outside_the_workspace(tmp_path):
+    assert rebase(tmp_path / "ws" / "model_new.py", tmp_path / "ws", "/proc/self/fd/7") == Path("/proc/self/fd/7/model_new.py")
+    assert rebase(tmp_path / "ref.py", tmp_path / "ws", "/proc/self/fd/7") == tmp_path / "ref.py"
+
+
+def test_without_a_mount_namespace(setup, monkeypatch):
+    """Where no mount namespace can be made the workspace is read through a directory
+    handle (past closed parent folders); writes still fail."""
+    closed = closed_folder(sys.prefix)
+    if closed:
+        pytest.skip(f"Python is installed behind {closed}: without a mount namespace the job's user cannot import it")
+    monkeypatch.setenv("CUDA_AGENT_JOB_MOUNTS", "0")
+    ws = setup["ws"]
+    ex = CpuExecutor(CpuExecutorOptions(timeout=120.0, warm_plugins=True, spares=0))
+    try:
+        v = run(ex, "verify", ws, options={"seed": 5})
+        assert v.ok, v.message
+        assert v.metadata["job_mounts"].startswith("shared (switched off")
+        target = ws / "model.py"
+        before = target.read_bytes()
+        honest = (ws / "model_new.py").read_text()
+        try:
+            (ws / "model_new.py").write_text(attack(str(target), "forward"))
+            bad = run(ex, "verify", ws, options={"seed": 5})
+        finally:
+            (ws / "model_new.py").write_text(honest)
+        assert not bad.ok and "PermissionError" in bad.message, bad.message
+        assert target.read_bytes() == before
+    finally:
+        ex.close()
