@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
-from cuda_agent.sandbox.privdrop import FALLBACK_UID, closed_folder, rebase, workspace_user  # noqa: E402
+from cuda_agent.sandbox.privdrop import FALLBACK_COUNT, FALLBACK_UID, closed_folder, rebase, workspace_user  # noqa: E402
 from cuda_agent.sandbox.sandboxes.common import apply_layout  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -83,7 +83,15 @@ def setup(request, tmp_path_factory):
     else:
         assert workspace_user(ws.root) is None
     cache = tmp / "cache"
-    return {"ws": Path(ws.root), "cache": cache, "uid": AGENT_UID if request.param == "sandbox_user" else FALLBACK_UID}
+    return {"ws": Path(ws.root), "cache": cache, "uid": AGENT_UID if request.param == "sandbox_user" else None}
+
+
+def check_user(setup, meta: dict) -> None:
+    assert meta["privileges"].startswith("dropped to uid"), meta.get("privileges")
+    if setup["uid"] is not None:
+        assert meta["uid"] == setup["uid"]
+    else:  # the fixed job user of the worker's device
+        assert FALLBACK_UID <= meta["uid"] < FALLBACK_UID + FALLBACK_COUNT and meta["gid"] == meta["uid"]
 
 
 def popts(setup) -> dict:
@@ -102,11 +110,11 @@ def test_honest_candidate_verifies_and_profiles_without_root(executor, setup):
     ws = setup["ws"]
     v = run(executor, "verify", ws, options={"seed": 1})
     assert v.ok, v.message
-    assert v.metadata["privileges"].startswith(f"dropped to uid {setup['uid']}")
+    check_user(setup, v.metadata)
     assert v.metadata["job_mounts"] == "private" or v.metadata["job_mounts"].startswith("shared")
     p1 = run(executor, "profile", ws, options=popts(setup))
     assert p1.ok, p1.message
-    assert p1.metadata["privileges"].startswith(f"dropped to uid {setup['uid']}")
+    check_user(setup, p1.metadata)
     assert p1.eager is not None and p1.candidate.median_ms > 0
     files = cache_files(setup)
     assert len(files) == 1 and all(os.stat(f).st_uid == 0 for f in files)  # written before the drop

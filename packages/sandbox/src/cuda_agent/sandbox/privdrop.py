@@ -9,7 +9,8 @@ which turns the process, irreversibly, into an unprivileged user:
   (``.cuda_agent/sandbox_user.json``, written as root by the sandbox's layout), so the
   candidate reads the workspace as the agent does and can change no more than the agent
   can (protected files are root-owned and read-only);
-* otherwise a dedicated fixed user id, :data:`FALLBACK_UID` (no files of its own).
+* otherwise a dedicated fixed user id of the worker's device, from :data:`FALLBACK_UID`
+  (60000..60999, no files of its own; see :func:`fallback_uid`).
 
 The workspace stays reachable through a directory handle opened before the drop
 (``/proc/self/fd/N``), so folders on the way to it that the user may not enter (a
@@ -39,12 +40,14 @@ import shutil
 import stat
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 ENV = "CUDA_AGENT_DROP_PRIVILEGES"
 MOUNTS_ENV = "CUDA_AGENT_JOB_MOUNTS"  # "0": no mount namespace (the workspace through a handle)
 WORKER_ENV = "CUDA_AGENT_JOB_PROCESS"  # set by an executor worker to its own pid
-FALLBACK_UID = 60999  # below the sandboxes' agent user ids (61000..)
+FALLBACK_UID = 60000  # fixed job users: 60000..60999, below the sandboxes' agent user ids (61000..)
+FALLBACK_COUNT = 1000
 USER_RECORD = "sandbox_user.json"  # in <workspace>/.cuda_agent/
 CACHE_VARS = ("HOME", "TMPDIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME")
 _PR_SET_NO_NEW_PRIVS = 38
@@ -83,6 +86,13 @@ def workspace_user(workspace: str | Path) -> tuple[int, int] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return (uid, gid) if uid > 0 and gid > 0 else None
+
+
+def fallback_uid() -> int:
+    """The fixed job user of this worker's device: jobs on different devices (which run at
+    the same time) get different users, so one candidate cannot signal another's process."""
+    label = os.environ.get("CUDA_AGENT_WORKER_DEVICE", "")
+    return FALLBACK_UID + zlib.crc32(label.encode()) % FALLBACK_COUNT
 
 
 def switched_off() -> bool:
@@ -182,7 +192,7 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
     global _tainted
     _tainted = True  # whatever happens now, this process serves no other job
     user = workspace_user(ws)
-    uid, gid = user if user else (FALLBACK_UID, FALLBACK_UID)
+    uid, gid = user if user else (fallback_uid(), fallback_uid())
     fd = os.open(str(ws), os.O_PATH | os.O_DIRECTORY)
     mounts = _private_mounts(ws)
     if mounts:  # no mount namespace: the workspace through the handle, past closed parents
