@@ -188,7 +188,8 @@ def test_rebase_keeps_paths_outside_the_workspace(tmp_path):
 def test_without_a_mount_namespace(setup, monkeypatch):
     """Where no mount namespace can be made the workspace is read through a directory
     handle (past closed parent folders); writes still fail."""
-    closed = closed_folder(sys.prefix)
+    # a virtual environment's standard library lives under the base installation
+    closed = closed_folder(sys.prefix) or closed_folder(sys.base_prefix)
     if closed:
         pytest.skip(f"Python is installed behind {closed}: without a mount namespace the job's user cannot import it")
     monkeypatch.setenv("CUDA_AGENT_JOB_MOUNTS", "0")

@@ -197,7 +197,7 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
     mounts = _private_mounts(ws)
     if mounts:  # no mount namespace: the workspace through the handle, past closed parents
         view = f"/proc/self/fd/{fd}"
-        closed = closed_folder(sys.prefix)
+        closed = closed_folder(sys.prefix) or closed_folder(sys.base_prefix)
         if closed:
             mounts += (f"; the Python installation is behind {closed}, which the job's user cannot enter: "
                        f"imports may fail (set {ENV}=0 on this host)")
