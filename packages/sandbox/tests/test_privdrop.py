@@ -211,3 +211,15 @@ def test_without_a_mount_namespace(setup, monkeypatch):
         assert target.read_bytes() == before
     finally:
         ex.close()
+
+
+def test_scratch_roots_are_never_bound_back(tmp_path, monkeypatch):
+    """A worker started from /tmp has it on sys.path; binding it back read-only over the
+    job's private /tmp made every job fail with 'Read-only file system'."""
+    from cuda_agent.sandbox.privdrop import _expose_paths
+
+    monkeypatch.setattr(sys, "path", ["", "/tmp", "/", "/var/tmp", str(tmp_path), *sys.path])
+    monkeypatch.chdir("/tmp")
+    exposed = [p for p, _writable in _expose_paths(tmp_path / "ws")]
+    assert not {"/", "/tmp", "/var", "/var/tmp"} & set(exposed), exposed
+    assert str(tmp_path) in exposed

@@ -123,9 +123,12 @@ def _expose_paths(ws: Path) -> list[tuple[str, bool]]:
     out = [(os.path.abspath(ws), True)]
     seen = {out[0][0]}
     exe_prefix = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+    # never a scratch root or one of its ancestors (a worker started from /tmp has it on
+    # sys.path): binding it back read-only would hide the private scratch space
+    roots = {"/", "/tmp", "/var", "/var/tmp"}
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, exe_prefix, *sys.path):
         p = os.path.abspath(p) if p else ""
-        if p and p not in seen and os.path.isdir(p):
+        if p and p not in roots and p not in seen and os.path.isdir(p):
             seen.add(p)
             out.append((p, False))
     return out
