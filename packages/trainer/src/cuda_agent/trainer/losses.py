@@ -125,3 +125,18 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     if var_r.item() <= 1e-12:
         return float("nan")
     return float(1.0 - var_d / var_r)
+
+
+def actor_objective(o, mb, logp: torch.Tensor, entropy: torch.Tensor | None, normalizer: float) -> tuple:
+    """The clipped surrogate of PPO and GRPO with their shared extras: an entropy bonus and
+    KL to the reference policy as a loss. ``o`` holds clip_low, clip_high, loss_agg,
+    dual_clip, entropy_coef, kl_mode, kl_coef and kl_estimator; ``mb`` is a micro-batch."""
+    loss, stats = policy_loss(logp, mb.old_logp, mb.advantages, mb.action_mask, o.clip_low, o.clip_high,
+                              o.loss_agg, normalizer, o.dual_clip)
+    if entropy is not None and o.entropy_coef:
+        loss = loss - o.entropy_coef * aggregate(entropy, mb.action_mask, o.loss_agg, normalizer)
+    if o.kl_mode == "loss" and o.kl_coef and mb.ref_logp is not None:
+        kl = kl_penalty(logp, mb.ref_logp, o.kl_estimator)
+        loss = loss + o.kl_coef * aggregate(kl, mb.action_mask, o.loss_agg, normalizer)
+        stats["kl_loss"] = masked_mean(kl.detach(), mb.action_mask).item()
+    return loss, stats

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gae import group_advantages, masked_mean
-from ..losses import aggregate, kl_penalty, policy_loss
+from ..losses import actor_objective, kl_penalty
 from .base import TrainAlgorithm
 from .ppo import check_common
 
@@ -59,13 +59,4 @@ class GRPO(TrainAlgorithm):
         return stats
 
     def actor_loss(self, mb, logp, entropy, normalizer):
-        o = self.options
-        loss, stats = policy_loss(logp, mb.old_logp, mb.advantages, mb.action_mask, o.clip_low, o.clip_high,
-                                  o.loss_agg, normalizer, o.dual_clip)
-        if entropy is not None and o.entropy_coef:
-            loss = loss - o.entropy_coef * aggregate(entropy, mb.action_mask, o.loss_agg, normalizer)
-        if o.kl_mode == "loss" and o.kl_coef and mb.ref_logp is not None:
-            kl = kl_penalty(logp, mb.ref_logp, o.kl_estimator)
-            loss = loss + o.kl_coef * aggregate(kl, mb.action_mask, o.loss_agg, normalizer)
-            stats["kl_loss"] = masked_mean(kl.detach(), mb.action_mask).item()
-        return loss, stats
+        return actor_objective(self.options, mb, logp, entropy, normalizer)

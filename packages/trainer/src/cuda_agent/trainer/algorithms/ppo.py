@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from cuda_agent.core.errors import ConfigError
 
 from ..batch import TrainBatch
 from ..gae import compute_gae, masked_mean, masked_whiten, token_rewards
-from ..losses import AGGREGATIONS, kl_penalty, policy_loss, value_loss
+from ..losses import AGGREGATIONS, actor_objective, kl_penalty, value_loss
 from ..engine import all_reduce_sum
 from .base import TrainAlgorithm
 
@@ -80,20 +78,7 @@ class PPO(TrainAlgorithm):
         return stats
 
     def actor_loss(self, mb, logp, entropy, normalizer):
-        o = self.options
-        loss, stats = policy_loss(logp, mb.old_logp, mb.advantages, mb.action_mask, o.clip_low, o.clip_high,
-                                  o.loss_agg, normalizer, o.dual_clip)
-        if entropy is not None and o.entropy_coef:
-            from ..losses import aggregate
-
-            loss = loss - o.entropy_coef * aggregate(entropy, mb.action_mask, o.loss_agg, normalizer)
-        if o.kl_mode == "loss" and o.kl_coef and mb.ref_logp is not None:
-            from ..losses import aggregate
-
-            kl = kl_penalty(logp, mb.ref_logp, o.kl_estimator)
-            loss = loss + o.kl_coef * aggregate(kl, mb.action_mask, o.loss_agg, normalizer)
-            stats["kl_loss"] = masked_mean(kl.detach(), mb.action_mask).item()
-        return loss, stats
+        return actor_objective(self.options, mb, logp, entropy, normalizer)
 
     def critic_loss(self, mb, values, normalizer):
         o = self.options
