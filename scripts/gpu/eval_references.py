@@ -170,7 +170,23 @@ def merge(dirs: list[str], out_dir: Path) -> None:
     print("\n" + "\n".join(f"{k}: {v}" for k, v in paths.items()))
 
 
-def export_cache(cache: str | None) -> None:
+def export_cache_periodically(cache: str | None, every_s: float = 30.0) -> None:
+    """Copy the cache under $OUT every ``every_s`` seconds from a daemon thread, so that a run
+    stopped by its time limit still leaves the baselines measured so far."""
+    import threading
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                export_cache(cache, quiet=True)
+            except Exception:  # a copy racing a write is retried next round
+                pass
+
+    threading.Thread(target=loop, daemon=True, name="export-cache").start()
+
+
+def export_cache(cache: str | None, quiet: bool = False) -> None:
     """Copy the baseline cache under $OUT (small JSON files), so that it can be carried
     into a later call on a fresh machine (place it at .cache/baselines)."""
     out = os.environ.get("OUT")
@@ -181,7 +197,8 @@ def export_cache(cache: str | None) -> None:
     dest = Path(out) / "baseline-cache"
     shutil.copytree(cache, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("src", ".tmp-*"))
     n = sum(1 for _ in dest.glob("*/*.json"))
-    print(f"baseline cache: {n} records copied to {dest}")
+    if not quiet:
+        print(f"baseline cache: {n} records copied to {dest}")
 
 
 def main() -> None:
@@ -211,6 +228,7 @@ def main() -> None:
     from cuda_agent.core.config import compose
 
     root = find_root(args.root)
+    export_cache_periodically(args.cache)
     if args.baselines_only:
         from cuda_agent.evaluation.commands import _baseline_table
         from cuda_agent.evaluation.evaluate import measure_all_baselines

@@ -103,7 +103,7 @@ def main() -> int:
         row("honest verify (torch ops, no static checks)", r, err, s, True)
         # the run-time guard may reject torch ops in forward: what counts is that it ran dropped
         rows[-1]["as_expected"] = not err and str(rows[-1]["privileges"]).startswith("dropped") \
-            and "Permission" not in rows[-1]["message"]
+            and not any(w in rows[-1]["message"] for w in ("Permission", "KeyError", "not found"))
         model_before = (root / "model.py").read_bytes()
         (root / "model_new.py").write_text(CANDIDATE.format(target=str(root / "model.py")))
         r, err, s = job("profile", options=popts)

@@ -169,16 +169,32 @@ def main() -> int:
     ap.add_argument("--target-ms", type=float, default=200.0, help="timed total per measurement (cuda_events)")
     ap.add_argument("--warmup-ms", type=float, default=60.0)
     ap.add_argument("--input-sets", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new problems after this")
+    # run_all.py says how long this script may run; keep a margin for the last problem and the report
+    given = float(os.environ.get("CUDA_AGENT_SCRIPT_SECONDS", 0) or 0)
+    ap.add_argument("--budget-s", type=float, default=given - 45 if given > 90 else 420.0,
+                    help="stop starting new problems after this (default: 420, or what run_all.py gives less 45)")
     ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(PRESETS)}")
+    ap.add_argument("--shard", default="", help="i/n: every n-th problem starting at i (0-based), to split over GPUs")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from the JSON files of several shards")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.merge:
+        return merge(args.merge)
 
     kb = find_kernelbench(args.kernelbench)
     files = problem_files(kb, args.level, args.limit, args.only)
+    tag = ""
+    if args.shard:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+            assert 0 <= i < n
+        except (ValueError, AssertionError):
+            sys.exit(f"--shard wants i/n with 0 <= i < n, got {args.shard!r}")
+        files = files[i::n]
+        tag = f"-{i}of{n}"
     argv = [sys.executable, __file__, "--worker", "--target-ms", str(args.target_ms), "--warmup-ms",
             str(args.warmup_ms), "--input-sets", str(args.input_sets), "--methods", args.methods]
     methods = args.methods.split(",")
@@ -238,6 +254,18 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
+    wall = time.perf_counter() - t_start
+    out = {"gpu": gpu, "torch": torch.__version__, "level": args.level, "problems": len(files), "shard": args.shard,
+           "skipped_for_budget": skipped, "wall_s": round(wall, 1), "mode": "sequential" if args.sequential else "interleaved",
+           "methods": methods, "summary": summarise(rows, methods), "rows": rows, "raw": results}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["OUT"]) / f"repro_timing{tag}.json").write_text(json.dumps(out, indent=1))
+    report(out)
+    return 0
+
+
+def summarise(rows: list[dict], methods: list[str]) -> dict:
     summary = {}
     for m in methods:
         ds = [r[m]["diff"] for r in rows if m in r]
@@ -248,18 +276,28 @@ def main() -> int:
             "median_diff_pct": 100 * statistics.median(ds) if ds else None,
             "max_diff_pct": 100 * max(ds) if ds else None,
         }
-    errors = [r for r in rows if r.get("error")]
-    wall = time.perf_counter() - t_start
-    out = {"gpu": gpu, "torch": torch.__version__, "level": args.level, "problems": len(files),
-           "skipped_for_budget": skipped, "wall_s": round(wall, 1), "mode": "sequential" if args.sequential else "interleaved",
-           "summary": summary, "rows": rows, "raw": results}
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["OUT"]) / "repro_timing.json").write_text(json.dumps(out, indent=1))
+    return summary
 
+
+def merge(paths: list[str]) -> int:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    methods = parts[0]["methods"]
+    rows = [r for part in parts for r in part["rows"]]
+    out = {**parts[0], "problems": sum(p["problems"] for p in parts), "shard": f"{len(parts)} shards merged",
+           "skipped_for_budget": [s for p in parts for s in p["skipped_for_budget"]],
+           "wall_s": max(p["wall_s"] for p in parts), "rows": rows, "summary": summarise(rows, methods)}
+    report(out)
+    return 0
+
+
+def report(out: dict) -> None:
+    rows, methods, summary = out["rows"], out["methods"], out["summary"]
+    gpu, level, wall, skipped = out["gpu"], out["level"], out["wall_s"], out["skipped_for_budget"]
+    errors = [r for r in rows if r.get("error")]
     print()
-    print(f"Timing reproducibility, KernelBench level {args.level} references (eager, TF32 off), {gpu}, torch {torch.__version__}")
-    print(f"two processes, {out['mode']}; target: diff <= 1% (>= 50 us), <= 3% (< 50 us); wall {wall:.0f} s")
+    print(f"Timing reproducibility, KernelBench level {level} references (eager, TF32 off), {gpu}, torch {out['torch']}")
+    shard = f", {out['shard']}" if out.get("shard") else ""
+    print(f"two processes, {out['mode']}{shard}; target: diff <= 1% (>= 50 us), <= 3% (< 50 us); wall {wall:.0f} s")
     if skipped:
         print(f"skipped for the time budget: {len(skipped)}")
     if errors:

@@ -8,8 +8,15 @@ so one call fits a machine lease; name scripts to run a subset:
     python3 scripts/gpu/run_all.py                       # everything that fits the budget
     python3 scripts/gpu/run_all.py bench_compile bench_reward --budget 540
     python3 scripts/gpu/run_all.py --list
+    python3 scripts/gpu/run_all.py multi_gpu "repro_timing --shard 0/2" "repro_timing --shard 1/2"
 
-Every script's full output goes to ``$OUT/<name>.log`` when OUT is set; its last lines
+An entry may carry its own arguments after the name (quote it), replacing the defaults,
+and may be pinned to a lane with a leading ``@k`` ("@1 eval_references --levels 1").
+Scripts that need several GPUs run first, alone; the single-GPU ones are then spread over
+one lane per GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU), longest first onto the lane
+with least work, each lane running its scripts one after another within the budget.
+
+Every script's full output goes to ``$OUT/<label>.log`` when OUT is set; its last lines
 (the script's own table) are printed after it ends.
 """
 
@@ -17,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
+import tarfile
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,11 +42,11 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "reward_checks": ([], 330, "issue 4: pool recovery and reward verdicts on real kernels", 1),
     "privdrop_check": ([], 150, "candidate jobs run without root; CUDA and the baseline cache still work", 1),
     "bench_reward": ([], 420, "issue 4: one reward end to end vs the paper's scripts", 1),
-    "repro_timing": ([], 480, "issue 4: timing reproducibility over KernelBench L1", 1),
+    "repro_timing": ([], 560, "issue 4: timing reproducibility over KernelBench L1", 1),
     "cpu_baselines": ([], 120, "CPU backend baselines on a many-core host", 1),
     "agent_demo": ([], 200, "issue 5: the demo episode on the CUDA and CPU backends", 1),
     "synthesis_gpu": ([], 360, "issue 6: synthesis with the paper's 1-100 ms window", 1),
-    "eval_references": (["--levels", "1", "--limit", "6", "--no-progress"], 240, "issue 7: scoring references (smoke)", 1),
+    "eval_references": (["--levels", "1", "--limit", "6", "--no-progress"], 560, "issue 7: scoring references (smoke)", 1),
     "ppo_proof": ([], 480, "issue 8: PPO steps with a ~0.5B model through the agent loop", 1),
     "multi_gpu": ([], 420, "issue 9: pool, data-parallel PPO and sharing over several GPUs", 2),
 }
@@ -55,54 +66,120 @@ def main() -> int:
     ap.add_argument("names", nargs="*", help="scripts to run (default: all)")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole call")
     ap.add_argument("--list", action="store_true", help="list the scripts and exit")
+    ap.add_argument("--lanes", type=int, default=0, help="single-GPU scripts in parallel (default: one per GPU)")
     args = ap.parse_args()
 
     if args.list:
         for name, (extra, limit, what, gpus) in SCRIPTS.items():
             print(f"{name:16s} {limit:4d} s  {gpus} GPU(s)  {what}")
         return 0
-    unknown = [n for n in args.names if n not in SCRIPTS]
+    wanted = []
+    pinned: dict[int, int] = {}  # entry index -> lane
+    for entry in args.names or list(SCRIPTS):
+        words = shlex.split(entry)
+        if words and words[0].startswith("@") and words[0][1:].isdigit():
+            pinned[len(wanted)] = int(words[0][1:])
+            words = words[1:]
+        name, *extra = words
+        wanted.append((name, extra if extra else SCRIPTS.get(name, ([],))[0]))
+    unknown = [n for n, _ in wanted if n not in SCRIPTS]
     if unknown:
         print(f"error: unknown script(s) {unknown}; known: {', '.join(SCRIPTS)}", file=sys.stderr)
         return 2
 
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    final_out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    # scripts write into a staging folder, packed into one archive at the end: a device
+    # machine hands back only a few files from $OUT
+    out = Path(tempfile.mkdtemp(prefix="run-all-")) if final_out is not None else None
     gpus = gpu_count()
+    lanes_n = max(1, min(args.lanes or gpus, gpus or 1))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
     start = time.monotonic()
-    rows = []
-    for name in args.names or list(SCRIPTS):
-        extra, limit, what, need = SCRIPTS[name]
+    rows: list[tuple[str, str, float, str]] = []
+    lock = threading.Lock()
+
+    entries = []
+    for i, (name, extra) in enumerate(wanted):
+        label = name if [n for n, _ in wanted].count(name) == 1 else f"{name}-{i}"
+        entries.append((label, name, extra))
+    lane_of = {entries[i][0]: k % lanes_n for i, k in pinned.items()}
+
+    def run_one(label: str, name: str, extra: list[str], visible: str | None) -> None:
+        _, limit, what, need = SCRIPTS[name]
         left = args.budget - (time.monotonic() - start)
         if gpus < need:
-            rows.append((name, "skipped", 0.0, f"needs {need} GPUs, found {gpus}"))
-            continue
+            with lock:
+                rows.append((label, "skipped", 0.0, f"needs {need} GPUs, found {gpus}"))
+            return
         if left < min(limit, 60):
-            rows.append((name, "skipped", 0.0, f"only {left:.0f} s left of the budget"))
-            continue
+            with lock:
+                rows.append((label, "skipped", 0.0, f"only {left:.0f} s left of the budget"))
+            return
+        run_env = dict(env)
+        run_env["CUDA_AGENT_SCRIPT_SECONDS"] = str(int(min(limit, left)))
+        if visible is not None:
+            run_env["CUDA_VISIBLE_DEVICES"] = visible
+        if out is not None:
+            run_env["OUT"] = str(out / label) if len(entries) > 1 else str(out)
+            Path(run_env["OUT"]).mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
                 [sys.executable, str(HERE / f"{name}.py"), *extra],
-                cwd=REPO, env=env, capture_output=True, text=True, timeout=min(limit, left),
+                cwd=REPO, env=run_env, capture_output=True, text=True, timeout=min(limit, left),
             )
             rc, text = str(proc.returncode), proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as exc:
             rc = "timeout"
-            text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            raw = exc.stdout or b""
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         secs = time.monotonic() - t0
         if out is not None:
-            (out / f"{name}.log").write_text(text)
+            (out / f"{label}.log").write_text(text)
         tail = [line for line in text.strip().splitlines() if line.strip()][-25:]
-        print(f"\n===== {name} (rc {rc}, {secs:.0f} s): {what}")
-        print("\n".join(tail))
-        last = tail[-1][:70] if tail else ""
-        rows.append((name, rc, secs, last))
+        where = f", GPU {visible}" if visible is not None else ""
+        with lock:
+            print(f"\n===== {label} (rc {rc}, {secs:.0f} s{where}): {what}")
+            print("\n".join(tail), flush=True)
+            rows.append((label, rc, secs, tail[-1][:70] if tail else ""))
+
+    # several-GPU scripts first, alone on the machine
+    for label, name, extra in entries:
+        if SCRIPTS[name][3] > 1:
+            run_one(label, name, extra, None)
+    # single-GPU scripts: longest first onto the least loaded lane
+    single = [e for e in entries if SCRIPTS[e[1]][3] <= 1]
+    lanes: list[list[tuple[str, str, list[str]]]] = [[] for _ in range(lanes_n)]
+    load = [0] * lanes_n
+    for e in single:  # pinned entries keep their place in the order given
+        if e[0] in lane_of:
+            lanes[lane_of[e[0]]].append(e)
+            load[lane_of[e[0]]] += SCRIPTS[e[1]][1]
+    for e in sorted((e for e in single if e[0] not in lane_of), key=lambda e: -SCRIPTS[e[1]][1]):
+        k = load.index(min(load))
+        lanes[k].append(e)
+        load[k] += SCRIPTS[e[1]][1]
+    if lanes_n == 1:
+        for e in single:
+            run_one(*e, None)
+    else:
+        threads = [threading.Thread(target=lambda k=k: [run_one(*e, str(k)) for e in lanes[k]]) for k in range(lanes_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     print("\n===== summary")
     print(f"{'script':16s} {'result':8s} {'seconds':>8s}  last line")
     for name, rc, secs, last in rows:
         print(f"{name:16s} {rc:8s} {secs:8.0f}  {last}")
+    if final_out is not None and out is not None:
+        summary = "\n".join(f"{name:16s} {rc:8s} {secs:8.0f}  {last}" for name, rc, secs, last in rows)
+        (out / "summary.txt").write_text(summary + "\n")
+        final_out.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(final_out / "run_all.tar.gz", "w:gz") as tar:
+            tar.add(out, arcname="run_all")
+        print(f"outputs: {final_out / 'run_all.tar.gz'}")
     return 0 if all(r[1] in ("0", "skipped") for r in rows) else 1
 
 

@@ -215,6 +215,10 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
             os.chown(path, uid, gid)
         os.environ[var] = path
     os.environ["CUDA_AGENT_WORKSPACE"] = view
+    # the job's uid has no passwd entry: getpass.getuser() (torch's cache folders ask it)
+    # reads these before it falls back to getpwuid(), which would raise KeyError
+    for var in ("USER", "LOGNAME"):
+        os.environ[var] = f"cuda-agent-job-{uid}"
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     os.setgroups([])
     os.setgid(gid)

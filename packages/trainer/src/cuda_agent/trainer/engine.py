@@ -109,7 +109,14 @@ def all_reduce_sum(value: float, device: torch.device | None = None) -> float:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return float(value)
-    dev = device if (device is not None and dist.get_backend() == "nccl") else torch.device("cpu")
+    backend = str(dist.get_backend())
+    if "gloo" in backend and "nccl" not in backend:
+        dev = torch.device("cpu")
+    elif device is not None:
+        dev = device
+    else:
+        # NCCL reduces device tensors only: use this rank's current GPU
+        dev = torch.device("cuda", torch.cuda.current_device())
     t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
     dist.all_reduce(t)
     return float(t.item())

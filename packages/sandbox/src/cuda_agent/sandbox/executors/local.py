@@ -131,7 +131,11 @@ class LocalExecutorOptions:
     device_count: int = 0  # use only the first N of them (0: all)
     timeout: float = 180.0  # default per-job timeout in seconds (jobs may set their own)
     recycle: str = "always"  # always | on_error | never: when a worker process is replaced
-    spares: int = 1  # warm workers waiting per GPU (torch imported, CUDA context made), so a replaced worker costs no wait
+    # warm workers waiting per GPU (torch imported, CUDA context made), so a replaced worker
+    # costs no wait. Every job gets a fresh worker (recycle=always, and a job that drops root
+    # cannot hand its process on); a reward is two jobs back to back, and a worker takes
+    # 3-8 s to start on an H200 host, so one spare left the GPU idle half the time.
+    spares: int = 3
     preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
     warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
