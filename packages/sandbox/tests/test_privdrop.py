@@ -127,6 +127,21 @@ def test_honest_candidate_verifies_and_profiles_without_root(executor, setup):
     assert cache_files(setup) == files
 
 
+def test_a_job_user_without_passwd_entry_still_has_a_name(executor, setup, tmp_path):
+    # torch asks getpass.getuser() for its cache folders; the job's uid has no passwd entry
+    ws = setup["ws"]
+    before = (ws / "model_new.py").read_text()
+    code = ATTACK.format(target="", at_import="import getpass\nNAME = getpass.getuser()",
+                         in_forward="assert getpass.getuser() == NAME and NAME.startswith('cuda-agent-job-')")
+    (ws / "model_new.py").write_text(code)
+    try:
+        v = run(executor, "verify", ws, options={"seed": 3})
+    finally:
+        (ws / "model_new.py").write_text(before)
+    assert v.ok, v.message
+    check_user(setup, v.metadata)
+
+
 def test_drop_can_be_switched_off(executor, setup):
     v = run(executor, "verify", setup["ws"], options={"seed": 1, "drop_privileges": False})
     assert v.ok and v.metadata["privileges"].startswith("kept (switched off"), v.metadata.get("privileges")
