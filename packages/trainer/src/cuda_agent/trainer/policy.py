@@ -167,7 +167,15 @@ def sync_policy_weights(policy: Any, state_dict: dict | None = None, engine: Any
     if state_dict is None:
         return "none"
     if hasattr(policy, "update_weights"):
-        policy.update_weights(iter(state_dict.items()))
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # servers shared by every rank get the weights once, from rank 0; the others wait
+        # so that no rank samples from the old weights after the update
+        if not (getattr(policy, "shared_across_ranks", False) and distributed and dist.get_rank() != 0):
+            policy.update_weights(iter(state_dict.items()))
+        if distributed and getattr(policy, "shared_across_ranks", False):
+            dist.barrier()
         return "update_weights"
     model = getattr(policy, "model", None)
     if model is not None and hasattr(model, "load_state_dict"):

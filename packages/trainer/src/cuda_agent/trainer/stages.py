@@ -368,7 +368,10 @@ class StageRunner:
             raise ConfigError(f"trainer.rollout.engine={engine!r}; valid: actor (batched HF generate on the "
                               "trained weights), policy (the run's token-level policy plugin, e.g. vllm or hf)")
         if engine == "policy":
-            return self._plugin_policy(actor_init)
+            policy = self._plugin_policy(actor_init)
+            if hasattr(policy, "update_weights"):  # an engine or server may hold other weights: align first
+                sync_policy_weights(policy, engine=actor)
+            return policy
         gather = None
         if getattr(actor, "zero_stage", 0) == 3:
             import deepspeed

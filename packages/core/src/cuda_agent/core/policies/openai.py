@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import random
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 from ..agent.loop import ChatReply, PolicyError
 from ..agent.toolcalls import parse_tool_calls
 from ..interfaces import Policy
 from ..types import ToolCall
-
-RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+from .http import RetryingHTTPClient
 
 
 @dataclass
@@ -36,7 +28,7 @@ class OpenAIOptions:
     extra_body: dict = field(default_factory=dict)  # merged into each request (e.g. top_k for vLLM)
 
 
-class OpenAIPolicy(Policy):
+class OpenAIPolicy(RetryingHTTPClient, Policy):
     """Chat-level policy over HTTP (``POST {base_url}/chat/completions`` with ``tools``).
 
     Retries with exponential backoff and jitter, honours ``Retry-After``, spaces requests
@@ -55,39 +47,7 @@ class OpenAIPolicy(Policy):
             from ..errors import ConfigError
 
             raise ConfigError("policy openai needs options.model (the served model name)")
-        self._next_slot = 0.0
-        self._rate_lock = threading.Lock()  # episodes may run in several threads and event loops
-        self.requests = 0
-        self.retries = 0
-
-    def _headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        key = os.environ.get(self.options.api_key_env, "") if self.options.api_key_env else ""
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
-
-    async def _pace(self) -> None:
-        rps = self.options.requests_per_second
-        if rps <= 0:
-            return
-        with self._rate_lock:
-            now = time.monotonic()
-            wait = self._next_slot - now
-            self._next_slot = max(now, self._next_slot) + 1.0 / rps
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-    def _wait(self, attempt: int, response: httpx.Response | None) -> float:
-        if response is not None:
-            ra = response.headers.get("retry-after")
-            if ra:
-                try:
-                    return min(float(ra), self.options.max_backoff)
-                except ValueError:
-                    pass
-        base = min(self.options.backoff * (2 ** attempt), self.options.max_backoff)
-        return base * (0.5 + random.random() / 2)
+        self._init_http()
 
     def request_body(self, messages: list[dict], tools: list[dict], sampling: dict) -> dict:
         body: dict[str, Any] = {"model": self.options.model, "messages": messages}
@@ -103,31 +63,7 @@ class OpenAIPolicy(Policy):
         return body
 
     async def post(self, body: dict) -> dict:
-        url = self.options.base_url.rstrip("/") + "/chat/completions"
-        timeout = httpx.Timeout(self.options.timeout, connect=self.options.connect_timeout)
-        last = ""
-        for attempt in range(self.options.max_retries + 1):
-            await self._pace()
-            response = None
-            try:
-                self.requests += 1
-                async with httpx.AsyncClient(timeout=timeout) as client:
-                    response = await client.post(url, json=body, headers=self._headers())
-                if response.status_code == 200:
-                    try:
-                        return response.json()
-                    except json.JSONDecodeError:
-                        last = f"invalid JSON from {url}: {response.text[:200]!r}"
-                elif response.status_code in RETRY_STATUS:
-                    last = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
-                else:
-                    raise PolicyError(f"HTTP {response.status_code} from {url}: {response.text[:300]}")
-            except httpx.TransportError as exc:  # connect/read errors, dropped connections, timeouts
-                last = f"{type(exc).__name__} talking to {url}: {exc}"
-            if attempt < self.options.max_retries:
-                self.retries += 1
-                await asyncio.sleep(self._wait(attempt, response))
-        raise PolicyError(f"{last} (gave up after {self.options.max_retries + 1} attempts)")
+        return await self.post_url(self.options.base_url.rstrip("/") + "/chat/completions", body)
 
     async def chat(self, messages: list[dict], tools: list[dict], sampling: dict) -> ChatReply:
         data = await self.post(self.request_body(messages, tools, sampling))

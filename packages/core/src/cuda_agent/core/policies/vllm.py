@@ -1,7 +1,13 @@
-"""``vllm`` policy: an in-process vLLM engine, token-level (optional extra: ``pip install vllm``)."""
+"""``vllm`` policy: an in-process vLLM engine, token-level (optional extra: ``pip install vllm``).
+
+After each trainer update the engine's weights are replaced in place
+(:meth:`VLLMPolicy.update_weights`, through :mod:`.weight_sync`) and its prefix cache is
+dropped, so the next rollout samples from the new policy.
+"""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -20,6 +26,9 @@ class VLLMOptions:
     max_new_tokens: int = 8192
     seed: int | None = 0
     stop_tokens: list[str] = field(default_factory=lambda: ["<|im_end|>"])
+    # sampled tokens' log-probs after temperature, the quantity the trainer recomputes
+    logprobs_mode: str = "processed_logprobs"
+    weight_sync_dir: str = ""  # where update_weights writes a version's weights ("": a temporary folder)
     engine_args: dict = field(default_factory=dict)  # passed to vllm.LLM as they are
 
 
@@ -40,10 +49,17 @@ class VLLMPolicy(Policy):
         o = self.options
         if not o.model:
             raise ConfigError("policy vllm needs options.model")
+        from .weight_sync import EXTENSION
+
         self._vllm = vllm
+        args = {"worker_extension_cls": EXTENSION, **o.engine_args}
+        if o.logprobs_mode:
+            args.setdefault("logprobs_mode", o.logprobs_mode)
         self.llm = vllm.LLM(model=o.model, dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
                             max_model_len=o.max_model_len, tensor_parallel_size=o.tensor_parallel_size,
-                            seed=o.seed or 0, **o.engine_args)
+                            seed=o.seed or 0, **args)
+        self.weights_version = 0
+        self._sync_dir = o.weight_sync_dir or tempfile.mkdtemp(prefix="cuda-agent-weights-")
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in o.stop_tokens]
         self.stop_ids = [int(i) for i in self.stop_ids if i is not None and i != self.tokenizer.unk_token_id]
@@ -64,3 +80,14 @@ class VLLMPolicy(Policy):
         if len(lps) != len(ids):
             lps = lps + [0.0] * (len(ids) - len(lps))
         return ids, lps, "stop" if out.finish_reason == "stop" else "length"
+
+    def update_weights(self, named_tensors) -> int:
+        """Load new weights (``(name, tensor)`` pairs, Hugging Face names) into every worker of
+        the engine; returns how many tensors each worker loaded."""
+        from .weight_sync import LOAD_METHOD, write_weights
+
+        self.weights_version += 1
+        path = write_weights(named_tensors, self._sync_dir, self.weights_version)
+        counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+        self.llm.reset_prefix_cache()
+        return int(min(counts)) if counts else 0

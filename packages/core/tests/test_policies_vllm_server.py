@@ -1,0 +1,191 @@
+"""The ``vllm_server`` policy over real HTTP on loopback.
+
+The server is :mod:`cuda_agent.core.policies.hf_server` on the tiny offline model: it speaks
+the token-level part of vLLM's API and loads weights through the same worker extension a
+vLLM server is started with. The run against a real vLLM server is behind the ``vllm`` marker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cuda_agent.core.agent.loop import PolicyError  # noqa: E402
+from cuda_agent.core.errors import ConfigError  # noqa: E402
+from cuda_agent.core.policies.hf import HFPolicy  # noqa: E402
+from cuda_agent.core.policies.hf_server import HFTokenServer  # noqa: E402
+from cuda_agent.core.policies.tiny import build_tiny_model  # noqa: E402
+from cuda_agent.core.policies.vllm_server import VLLMServerPolicy, parse_completion  # noqa: E402
+from cuda_agent.core.policies.weight_sync import read_weights, write_weights  # noqa: E402
+
+PROMPT = "<|im_start|>user\nwrite a kernel<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture()
+def server(tiny):
+    with HFTokenServer(str(tiny)) as s:
+        yield s
+
+
+def client(tiny, urls, tmp_path, **kw) -> VLLMServerPolicy:
+    return VLLMServerPolicy(VLLMServerPolicy.Options(base_urls=urls, model=str(tiny), max_retries=1, backoff=0.05,
+                                                     weight_sync_dir=str(tmp_path / "sync"), **kw))
+
+
+def run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_token_ids_and_logprobs_match_the_model(server, tiny, tmp_path):
+    pol = client(tiny, [server.url], tmp_path)
+    prompt = pol.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ids, lps, reason = run(pol.generate(prompt, {"max_tokens": 12, "temperature": 1.0}))
+    assert 0 < len(ids) <= 12 and len(lps) == len(ids) and reason in ("stop", "length")
+    assert reason == "length" or ids[-1] in pol.stop_ids
+    # the trainer's recomputation of the same tokens: identical weights give identical log-probs
+    ref = HFPolicy(HFPolicy.Options(model=str(tiny)))
+    assert ref.score(prompt + ids, len(prompt), temperature=1.0) == pytest.approx(lps, abs=1e-4)
+    assert server.stats["completions"] == 1
+
+
+def test_weight_update_reaches_the_server(server, tiny, tmp_path):
+    pol = client(tiny, [server.url], tmp_path)
+    prompt = pol.tokenizer.encode(PROMPT, add_special_tokens=False)
+    trained = HFPolicy(HFPolicy.Options(model=str(tiny)))
+    with torch.no_grad():
+        for p in trained.model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    before = run(pol.generate(prompt, {"max_tokens": 8, "temperature": 1.0}))
+    assert trained.score(prompt + before[0], len(prompt), 1.0) != pytest.approx(before[1], abs=1e-3)
+    n = pol.update_weights(iter(trained.model.state_dict().items()))
+    assert n == len(trained.model.state_dict())
+    assert server.stats["weight_loads"] == 1 and server.stats["prefix_cache_resets"] == 1
+    served = dict(server.policy.model.state_dict())
+    for name, t in trained.model.state_dict().items():
+        assert torch.equal(served[name], t), name
+    ids, lps, _ = run(pol.generate(prompt, {"max_tokens": 8, "temperature": 1.0}))
+    assert trained.score(prompt + ids, len(prompt), 1.0) == pytest.approx(lps, abs=1e-4)
+    # versions on disk: the newest two stay
+    for _ in range(3):
+        pol.update_weights(iter(trained.model.state_dict().items()))
+    assert sorted(p.name for p in (tmp_path / "sync").glob("*.safetensors")) == [
+        "weights-000003.safetensors", "weights-000004.safetensors"]
+
+
+def test_episodes_stick_to_one_of_several_servers(tiny, tmp_path):
+    with HFTokenServer(str(tiny)) as a, HFTokenServer(str(tiny)) as b:
+        pol = client(tiny, [a.url, b.url], tmp_path)
+        prompts = [pol.tokenizer.encode(f"<|im_start|>user\ntask {i}<|im_end|>\n", add_special_tokens=False)
+                   for i in range(12)]
+        chosen = {pol.server_for(p) for p in prompts}
+        assert chosen == {a.url, b.url}
+        for p in prompts[:4]:  # a later turn of the same episode (a longer prompt) goes to the same server
+            assert pol.server_for(p) == pol.server_for(p + [5, 6, 7])
+        trained = HFPolicy(HFPolicy.Options(model=str(tiny)))
+        with torch.no_grad():
+            next(trained.model.parameters()).mul_(1.5)
+        pol.update_weights(iter(trained.model.state_dict().items()))
+        assert a.stats["weight_loads"] == b.stats["weight_loads"] == 1
+
+
+def test_clear_errors(tiny, tmp_path):
+    with pytest.raises(ConfigError, match="base_urls"):
+        VLLMServerPolicy(VLLMServerPolicy.Options(base_urls=["localhost:8000"], model=str(tiny)))
+    with pytest.raises(ConfigError, match="tokenizer"):
+        VLLMServerPolicy(VLLMServerPolicy.Options(model=""))
+    # nothing listens: the URL is named, after the retries
+    pol = client(tiny, ["http://127.0.0.1:9/v1"], tmp_path, served_model_name="m")
+    with pytest.raises(PolicyError, match="127.0.0.1:9"):
+        run(pol.generate([1, 2, 3], {"max_tokens": 2}))
+    with pytest.raises(PolicyError, match="token ids but"):
+        parse_completion({"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [0.0]}}]}, "srv")
+    with pytest.raises(PolicyError, match="no choices"):
+        parse_completion({"error": "x"}, "srv")
+    assert parse_completion({"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:9"],
+                                                       "token_logprobs": [-0.5, -1.5]},
+                                          "finish_reason": "stop"}]}) == ([7, 9], [-0.5, -1.5], "stop")
+
+
+def test_server_without_weight_sync_is_named(tiny, tmp_path):
+    # an OpenAI-compatible server without the dev endpoints: the message says how to start vLLM
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    class NoRPC(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NoRPC)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        pol = client(tiny, [f"http://127.0.0.1:{httpd.server_address[1]}/v1"], tmp_path, served_model_name="m")
+        with pytest.raises(PolicyError, match="VLLM_SERVER_DEV_MODE=1"):
+            pol.update_weights(iter({"w": torch.zeros(2)}.items()))
+    finally:
+        httpd.shutdown()
+
+
+def test_weight_files_round_trip_tied_weights(tmp_path):
+    shared = torch.randn(4, 3)
+    path = write_weights([("embed.weight", shared), ("lm_head.weight", shared), ("b", torch.ones(2))], tmp_path, 1)
+    got = dict(read_weights(path))
+    assert set(got) == {"embed.weight", "lm_head.weight", "b"}
+    assert torch.equal(got["lm_head.weight"], shared) and torch.equal(got["b"], torch.ones(2))
+    with pytest.raises(ValueError, match="no weights"):
+        write_weights([], tmp_path, 2)
+
+
+@pytest.mark.vllm
+def test_real_vllm_server(tiny, tmp_path):
+    """A real ``vllm serve`` of the tiny model: generation and a weight update through the extension."""
+    pytest.importorskip("vllm")
+    if shutil.which("vllm") is None:
+        pytest.skip("the vllm command is not installed")
+    port = 8765
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny),
+                             "--port", str(port), "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
+                             "--worker-extension-cls", "cuda_agent.core.policies.weight_sync:WeightSyncExtension",
+                             "--logprobs-mode", "processed_logprobs"], env=env)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        pol = client(tiny, [f"http://127.0.0.1:{port}/v1"], tmp_path)
+        prompt = pol.tokenizer.encode(PROMPT, add_special_tokens=False)
+        trained = HFPolicy(HFPolicy.Options(model=str(tiny)))
+        with torch.no_grad():
+            for p in trained.model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        assert pol.update_weights(iter(trained.model.state_dict().items())) > 0
+        ids, lps, _ = run(pol.generate(prompt, {"max_tokens": 16, "temperature": 1.0}))
+        assert trained.score(prompt + ids, len(prompt), 1.0) == pytest.approx(lps, abs=2e-2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
