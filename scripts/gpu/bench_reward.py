@@ -235,6 +235,8 @@ def one_reward(svc) -> dict:
     r = svc.reward.score(CandidateOutcome(compile=c, verify=v, profile=p))
     t4 = time.perf_counter()
     return {"compile_s": t1 - t0, "verify_s": t2 - t1, "profile_s": t3 - t2, "total_s": t4 - t0,
+            # time inside the jobs themselves; the rest of verify_s/profile_s is queueing and worker start
+            "verify_job_s": v.seconds, "profile_job_s": p.seconds if p else None,
             "reward": r.value, "correct": r.correct, "failure": r.failure.value,
             "compile_cached": c.cached, "baselines": (p.metadata.get("baseline_cache") if p else None),
             "t_ms": p.candidate.median_ms if p and p.candidate else None,
@@ -292,8 +294,9 @@ def bench_ours(name: str, task: dict, repeat: int, tmp: Path) -> list[dict]:
 
 def median_row(rows: list[dict]) -> dict:
     out = dict(rows[-1])
-    for k in ("compile_s", "verify_s", "profile_s", "total_s"):
-        out[k] = statistics.median(r[k] for r in rows)
+    for k in ("compile_s", "verify_s", "profile_s", "total_s", "verify_job_s", "profile_job_s"):
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = statistics.median(vals) if vals else None
     out["correct"] = all(r["correct"] for r in rows)
     return out
 
@@ -425,7 +428,8 @@ def main() -> int:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_reward.json").write_text(json.dumps(rows, indent=1, default=str))
 
-    cols = ["task", "method", "case", "compile_s", "verify_s", "profile_s", "total_s", "target", "reward", "message"]
+    cols = ["task", "method", "case", "compile_s", "verify_s", "profile_s", "total_s", "target", "reward",
+            "verify_job_s", "profile_job_s", "message"]
     table = []
     for r in rows:
         row = {c: fmt(r.get(c)) for c in cols}
@@ -436,7 +440,7 @@ def main() -> int:
         row["message"] = (r.get("message") or "")[:60]
         table.append(row)
     widths = {c: max(len(c), *(len(t[c]) for t in table)) for c in cols}
-    print("\none reward = compile + verify + profile (seconds, wall)")
+    print("\none reward = compile + verify + profile (seconds, wall; *_job_s: inside the job)")
     print("  ".join(c.ljust(widths[c]) for c in cols))
     print("  ".join("-" * widths[c] for c in cols))
     for t in table:
