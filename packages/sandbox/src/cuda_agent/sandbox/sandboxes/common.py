@@ -313,3 +313,58 @@ class DiskWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class TrackedProcesses:
+    """Bookkeeping shared by the sandbox sessions: the processes a session started (killed
+    when it closes), the closed flag, and files handed back to the agent's user."""
+
+    workspace: Path
+    protected: list[str]
+    lease: "UidLease | None"
+
+    def _init_tracking(self) -> None:
+        self._procs: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the sandbox session is closed")
+
+    def _track(self, proc: Any) -> Any:
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def _forget(self, proc: Any) -> None:
+        with self._lock:
+            if proc in self._procs:
+                self._procs.remove(proc)
+
+    def _tracked(self) -> list[Any]:
+        with self._lock:
+            return list(self._procs)
+
+    def _adopt(self) -> None:
+        if self.lease is not None:
+            adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
+
+
+def limit_messages(timed_out: bool, timeout: float, killed_for_disk: bool, disk_mb: int, file_size_mb: int,
+                   file_too_large: bool, out_of_memory: str | None, cpu_s: int | None = None) -> list[str]:
+    """The lines a sandbox appends to a command's output when a limit stopped it.
+    ``out_of_memory``: the memory rule in words when the command was killed for memory."""
+    msgs = []
+    if timed_out:
+        msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
+    if killed_for_disk:
+        msgs.append(f"[sandbox] the workspace grew past its disk limit of {disk_mb} MB; "
+                    "the command was killed: delete large files")
+    if file_too_large:
+        msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {file_size_mb} MB")
+    if cpu_s is not None:
+        msgs.append(f"[sandbox] CPU time limit of {cpu_s} s exceeded")
+    if out_of_memory:
+        msgs.append(f"[sandbox] killed: out of memory ({out_of_memory}) or another resource limit")
+    return msgs

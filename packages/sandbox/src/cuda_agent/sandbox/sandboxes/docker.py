@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import socket
 import struct
 import tempfile
@@ -29,8 +28,8 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import (CommandResult, adopt_files, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
-                     is_root, release_uid)
+from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+                     is_root, limit_messages, release_uid, TrackedProcesses)
 from .image import DEFAULT_IMAGE, docker_client, image_exists
 
 MOUNT = "/workspace"
@@ -189,7 +188,7 @@ class DockerProcess:
         self.session._forget(self)
 
 
-class DockerSession(SandboxSession):
+class DockerSession(TrackedProcesses, SandboxSession):
     def __init__(self, sandbox: "DockerSandbox", workspace: Path, protected: list[str]):
         self.options: DockerOptions = sandbox.options
         o = self.options
@@ -200,9 +199,7 @@ class DockerSession(SandboxSession):
         self.client = docker_client()
         if not image_exists(self.client, o.image):
             raise SandboxError(f"docker image {o.image} not found: build it with `cuda-agent sandbox build-image`")
-        self._procs: list[DockerProcess] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._init_tracking()
         self.lease: UidLease | None = None
         if is_root():
             self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count,
@@ -259,22 +256,9 @@ class DockerSession(SandboxSession):
         out.update({str(k): str(v) for k, v in (env or {}).items()})
         return out
 
-    def _adopt(self) -> None:
-        if self.lease is not None:
-            adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
-
     def spawn(self, argv: list[str], env: dict | None = None) -> DockerProcess:
-        if self._closed:
-            raise SandboxError("the sandbox session is closed")
-        proc = DockerProcess(self, list(argv), self._env(env))
-        with self._lock:
-            self._procs.append(proc)
-        return proc
-
-    def _forget(self, proc: DockerProcess) -> None:
-        with self._lock:
-            if proc in self._procs:
-                self._procs.remove(proc)
+        self._check_open()
+        return self._track(DockerProcess(self, list(argv), self._env(env)))
 
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
@@ -297,17 +281,10 @@ class DockerSession(SandboxSession):
         if self.restarts != restarts:
             output = (output.rstrip("\n") + "\n" if output else "") + (
                 "[sandbox] the sandbox had to be restarted to stop runaway processes (/tmp was cleared)")
-        msgs = []
-        if timed_out:
-            msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
-        if killed_for_disk:
-            msgs.append(f"[sandbox] the workspace grew past its disk limit of {self.options.disk_mb} MB; "
-                        "the command was killed: delete large files")
-        if code is not None and code in (128 + 25, -25):
-            msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {self.options.file_size_mb} MB")
-        if code == 137 and not timed_out:
-            msgs.append(f"[sandbox] killed: out of memory (the sandbox has {self.options.memory_mb} MB) "
-                        "or another resource limit")
+        o = self.options
+        msgs = limit_messages(timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb,
+                              file_too_large=code in (128 + 25, -25),
+                              out_of_memory=f"the sandbox has {o.memory_mb} MB" if code == 137 and not timed_out else None)
         if msgs:
             output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
@@ -322,9 +299,7 @@ class DockerSession(SandboxSession):
 
     def kill_all(self) -> None:
         """Kill every process of the agent user in the container."""
-        with self._lock:
-            procs = list(self._procs)
-        for p in procs:
+        for p in self._tracked():
             with contextlib.suppress(Exception):
                 p.kill()
         with contextlib.suppress(Exception):
@@ -335,9 +310,7 @@ class DockerSession(SandboxSession):
             return
         self._closed = True
         self.watchdog.stop()
-        with self._lock:
-            procs = list(self._procs)
-        for p in procs:
+        for p in self._tracked():
             with contextlib.suppress(Exception):
                 p.stdin.close()
         with contextlib.suppress(Exception):

@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,8 +37,8 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
-from .common import (CommandResult, adopt_files, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
-                     is_root, release_uid, uid_users)
+from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
+                     is_root, limit_messages, release_uid, TrackedProcesses, uid_users)
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 MB = 1024 * 1024
@@ -114,7 +113,7 @@ class _Plan:
     uid: int | None
 
 
-class LocalSession(SandboxSession):
+class LocalSession(TrackedProcesses, SandboxSession):
     def __init__(self, sandbox: "LocalSandbox", workspace: Path, protected: list[str]):
         self.sandbox = sandbox
         self.options: LocalOptions = sandbox.options
@@ -123,9 +122,7 @@ class LocalSession(SandboxSession):
             raise SandboxError(f"workspace {self.workspace} does not exist")
         self.protected = list(protected)
         self.notes: list[str] = []
-        self._procs: list[SandboxProcess] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._init_tracking()
         self.lease: UidLease | None = None
         o = self.options
         if o.isolation not in ("auto", "user", "none"):
@@ -227,27 +224,14 @@ class LocalSession(SandboxSession):
 
     # -- processes ----------------------------------------------------------------------
 
-    def _adopt(self) -> None:
-        if self.lease is not None:
-            adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
-
     def spawn(self, argv: list[str], env: dict | None = None) -> SandboxProcess:
-        if self._closed:
-            raise SandboxError("the sandbox session is closed")
+        self._check_open()
         plan = self._plan(env)
         full = [*plan.prefix, json.dumps(plan.config), "--", *argv]
         p = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              cwd=str(self.workspace), env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                              start_new_session=True)
-        proc = SandboxProcess(p, self)
-        with self._lock:
-            self._procs.append(proc)
-        return proc
-
-    def _forget(self, proc: SandboxProcess) -> None:
-        with self._lock:
-            if proc in self._procs:
-                self._procs.remove(proc)
+        return self._track(SandboxProcess(p, self))
 
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
@@ -275,30 +259,17 @@ class LocalSession(SandboxSession):
 
     def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False) -> str:
         o = self.options
-        msgs = []
-        if timed_out:
-            msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
-        if killed_for_disk:
-            msgs.append(f"[sandbox] the workspace grew past its disk limit of {o.disk_mb} MB; "
-                        "the command was killed: delete large files")
-        if code is not None:
-            sig = -code if code < 0 else (code - 128 if code > 128 else 0)
-            if sig == signal.SIGXFSZ:
-                msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {o.file_size_mb} MB")
-            elif sig == signal.SIGXCPU:
-                msgs.append(f"[sandbox] CPU time limit of {o.cpu_s} s exceeded")
-            elif sig == signal.SIGKILL and not timed_out:
-                msgs.append(f"[sandbox] killed: out of memory (each process may use {o.memory_mb} MB) "
-                            "or another resource limit")
-        return "\n".join(msgs)
+        sig = 0 if code is None else (-code if code < 0 else (code - 128 if code > 128 else 0))
+        return "\n".join(limit_messages(
+            timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb, file_too_large=sig == signal.SIGXFSZ,
+            cpu_s=o.cpu_s if sig == signal.SIGXCPU else None,
+            out_of_memory=f"each process may use {o.memory_mb} MB" if sig == signal.SIGKILL and not timed_out else None))
 
     def _disk_exceeded(self) -> None:
         self.kill_all()
 
     def kill_all(self) -> None:
-        with self._lock:
-            procs = list(self._procs)
-        for p in procs:
+        for p in self._tracked():
             p.kill()
         if self.lease is not None:
             _kill_uid(self.lease.uid)
@@ -308,9 +279,7 @@ class LocalSession(SandboxSession):
             return
         self._closed = True
         self.watchdog.stop()
-        with self._lock:
-            procs = list(self._procs)
-        for p in procs:
+        for p in self._tracked():
             p.kill()
         if self.lease is not None and uid_users(self.lease) == 1:
             _kill_uid(self.lease.uid)  # the last session of this workspace: nothing may outlive it
