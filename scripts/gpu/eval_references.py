@@ -107,6 +107,10 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None)
     secs = [t["seconds"] for t in new]
     n = max(len(new), 1)
     far = [t["task_id"] for t in tasks if t["correct"] and t["speedup_vs_eager"] and abs(t["speedup_vs_eager"] - 1) > 0.1]
+    phases: dict[str, list[float]] = {}  # inside the verification job, per phase
+    for t in new:
+        for k, v in ((t["metadata"].get("verify") or {}).get("phase_seconds") or {}).items():
+            phases.setdefault(k, []).append(v)
     return {
         "tasks": len(tasks),
         "scored_this_call": len(new),
@@ -118,6 +122,7 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None)
         "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
         "speedup_vs_eager_off_by_10pct": far,
+        "verify_phase_median_seconds": {k: round(statistics.median(v), 3) for k, v in phases.items()},
     }
 
 
@@ -137,8 +142,8 @@ def print_table(report: dict, summary: dict) -> None:
         )
     print()
     for key in ("tasks", "scored_this_call", "devices", "wall_seconds", "wall_per_task", "job_seconds_per_task",
-                "overhead_per_task", "mean_task_latency"):
-        print(f"{key:<26} {summary[key]}")
+                "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds"):
+        print(f"{key:<26} {summary.get(key)}")
     if summary["not_correct"]:
         print(f"not correct ({len(summary['not_correct'])}):")
         for line in summary["not_correct"][:20]:

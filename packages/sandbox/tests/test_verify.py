@@ -51,6 +51,9 @@ def test_correct_candidate_passes_and_records_metadata(relu_ws):
     assert r.metadata["outputs"] == {"shape": [64, 33], "dtype": "float32"}
     assert r.metadata["precision_policy"] == "fp32-strict"
     assert "precision_flags" in r.metadata
+    phases = r.metadata["phase_seconds"]  # where the job's time went
+    assert {"static_checks", "load", "inputs", "reference", "candidate", "compare"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= r.seconds + 1e-3
     json.dumps(r.metadata)  # JSON-ready
 
 

@@ -613,6 +613,16 @@ def verify_candidate(
     policy = policy_from(opts.precision)
     meta: dict[str, Any] = {"seed": seed, "precision_policy": policy.key, "atol": opts.atol, "rtol": opts.rtol}
     checks: list[CheckResult] = []
+    phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
+    meta["phase_seconds"] = phases
+
+    @contextlib.contextmanager
+    def phase(name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
     def result(ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
         if len(message) > opts.max_message_chars:
@@ -620,7 +630,8 @@ def verify_candidate(
         return VerifyResult(ok=ok, failure=failure, message=message, checks=checks, seconds=time.perf_counter() - t0, metadata=meta)
 
     # 1. static checks
-    static = run_static_checks(ws, cand_path, opts.static_checks)
+    with phase("static_checks"):
+        static = run_static_checks(ws, cand_path, opts.static_checks)
     checks.extend(static)
     bad = [c for c in static if not c.passed]
     if bad:
@@ -629,7 +640,7 @@ def verify_candidate(
     import torch
 
     meta.update(_device_info(device))
-    with workspace_imports(ws), torch.no_grad():
+    with workspace_imports(ws), torch.no_grad(), phase("load"):
         try:  # trusted: the reference is read with the job's own rights
             ref_mod = load_reference(ref_path)
         except LoadFailure as exc:
@@ -641,9 +652,10 @@ def verify_candidate(
     with workspace_imports(view), precision_context(policy) as flags, torch.no_grad():
         meta["precision_flags"] = flags
         try:
-            cand_mod, namespaces = load_candidate(cand_path)
-            meta["custom_op_namespaces"] = sorted(namespaces)
-            loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)
+            with phase("load"):
+                cand_mod, namespaces = load_candidate(cand_path)
+                meta["custom_op_namespaces"] = sorted(namespaces)
+                loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)
         except LoadFailure as exc:
             return result(False, exc.category, exc.message)
         meta["init_inputs"] = describe(loaded.init_inputs)
@@ -659,7 +671,7 @@ def verify_candidate(
             err: BaseException | None = None
             out = None
             try:
-                with deadline(opts.timeout_s):
+                with deadline(opts.timeout_s), phase("candidate"):
                     with (fill_uninitialized() if opts.poison else contextlib.nullcontext()):
                         with forward_guard(opts.guard, namespaces) as guard:
                             out = loaded.cand_model(*cand_inputs)
@@ -687,7 +699,8 @@ def verify_candidate(
                 if "CUDA error" in str(err) or "illegal memory access" in str(err):
                     meta["cuda_context_broken"] = True  # the worker process should be replaced
                 return result(False, FailureCategory.CRASH, msg)
-            cmp = compare_outputs(ref_out, out, opts.atol, opts.rtol, "output", opts.check_dtype)
+            with phase("compare"):
+                cmp = compare_outputs(ref_out, out, opts.atol, opts.rtol, "output", opts.check_dtype)
             checks.append(
                 CheckResult(
                     name=name,
@@ -708,7 +721,8 @@ def verify_candidate(
         for i, s in enumerate(seeds):
             name = f"input[{i}] seed={s}"
             try:
-                drawn = draw_inputs(ref_mod.get_inputs, s, device)
+                with phase("inputs"):
+                    drawn = draw_inputs(ref_mod.get_inputs, s, device)
             except Exception as exc:
                 return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
             inputs = drawn.values
@@ -716,8 +730,9 @@ def verify_candidate(
                 meta["inputs"] = describe(inputs)
                 meta["inputs_replaced_zeros"] = drawn.replaced_zeros
             try:
-                ref_out = loaded.ref_model(*clone_inputs(inputs))
-                synchronize(device)
+                with phase("reference"):
+                    ref_out = loaded.ref_model(*clone_inputs(inputs))
+                    synchronize(device)
             except Exception as exc:
                 return result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
             if i == 0:
@@ -739,9 +754,10 @@ def verify_candidate(
             entry: dict[str, Any] = {"draw": kind, "label": label, "seed": s}
             extra_log.append(entry)
             try:
-                base = draw_inputs(ref_mod.get_inputs, s, device).values
-                inputs, refilled = extra_draw_inputs(base, kind, s, device)
-                del base
+                with phase("inputs"):
+                    base = draw_inputs(ref_mod.get_inputs, s, device).values
+                    inputs, refilled = extra_draw_inputs(base, kind, s, device)
+                    del base
             except ValueError as exc:
                 return result(False, FailureCategory.CRASH, f"verify option extra_draws: {exc}")
             except Exception as exc:
@@ -750,8 +766,9 @@ def verify_candidate(
                 entry.update(status="skipped", reason="no floating-point inputs")
                 continue
             try:
-                ref_out = loaded.ref_model(*clone_inputs(inputs))
-                synchronize(device)
+                with phase("reference"):
+                    ref_out = loaded.ref_model(*clone_inputs(inputs))
+                    synchronize(device)
             except Exception as exc:  # inputs outside the reference's domain
                 entry.update(status="skipped", reason=f"reference raised: {_short_exc(exc, 200)}")
                 continue
@@ -761,8 +778,9 @@ def verify_candidate(
                 continue
             if opts.extra_draw_stability_check:
                 try:
-                    probe = loaded.ref_model(*nudged(inputs, s + 1))
-                    synchronize(device)
+                    with phase("reference"):
+                        probe = loaded.ref_model(*nudged(inputs, s + 1))
+                        synchronize(device)
                     stable = all_finite(probe) and compare_outputs(ref_out, probe, opts.atol, opts.rtol, "output",
                                                                    opts.check_dtype).ok
                     del probe
