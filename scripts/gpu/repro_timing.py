@@ -71,6 +71,49 @@ def problem_files(kb: Path, level: int, limit: int, only: str) -> list[Path]:
 # --- worker -------------------------------------------------------------------------------
 
 
+def kernel_layout(fn, sets: list, dev) -> dict:
+    """One call of ``fn`` under the torch profiler: its kernels, the streams they ran on, their
+    summed time, the time the GPU was busy (the union of the kernels) and the span from the
+    first kernel's start to the last one's end. span > busy: the GPU waited in between (host
+    bound); sum > busy: kernels overlapped on several streams."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*sets[0])
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*sets[0])
+        torch.cuda.synchronize(dev)
+    spans = []
+    names: dict[str, int] = {}
+    streams = set()
+    for evt in prof.events():
+        if getattr(evt, "device_type", None) != DeviceType.CUDA:
+            continue
+        tr = getattr(evt, "time_range", None)
+        if tr is None:
+            continue
+        spans.append((float(tr.start), float(tr.end)))
+        streams.add(getattr(evt, "device_resource_id", None))
+        names[evt.name] = names.get(evt.name, 0) + 1
+    if not spans:
+        return {"kernels": 0}
+    spans.sort()
+    busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
+    for a, b in spans[1:]:
+        if a > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    busy += cur_e - cur_s
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:3]
+    return {"kernels": len(spans), "streams": len(streams), "sum_ms": sum(b - a for a, b in spans) / 1e3,
+            "busy_ms": busy / 1e3, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3 if spans else 0.0,
+            "top": [f"{n[:50]} x{c}" for n, c in top]}
+
+
 def worker(args) -> int:
     import torch
 
@@ -108,6 +151,11 @@ def worker(args) -> int:
                 def fn(*a):
                     return model(*a)
 
+                if args.diagnose:
+                    try:
+                        row["layout"] = kernel_layout(fn, sets, dev)
+                    except Exception as exc:  # a diagnostic must not cost the timing
+                        row["layout"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 for name in methods:
                     before = torch.cuda.memory_stats(dev)
                     t = profilers[name].time(fn, sets, dev)
@@ -175,6 +223,8 @@ def main() -> int:
                     help="stop starting new problems after this (default: 420, or what run_all.py gives less 45)")
     ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(PRESETS)}")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also record each problem's kernel layout (kernels, streams, summed/busy/span time)")
     ap.add_argument("--shard", default="", help="i/n: every n-th problem starting at i (0-based), to split over GPUs")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from the JSON files of several shards")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -197,6 +247,8 @@ def main() -> int:
         tag = f"-{i}of{n}"
     argv = [sys.executable, __file__, "--worker", "--target-ms", str(args.target_ms), "--warmup-ms",
             str(args.warmup_ms), "--input-sets", str(args.input_sets), "--methods", args.methods]
+    if args.diagnose:
+        argv.append("--diagnose")
     methods = args.methods.split(",")
     for m in methods:
         if m not in PRESETS:
@@ -321,6 +373,16 @@ def report(out: dict) -> None:
             td = f"{100 * t['diff']:.2f}%" if t else "-"
             ma = "/".join(str(x) for x in c.get("device_allocs", ()))
             print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}{ma:>9}")
+    layouts = [(r["problem"], out["raw"]["A"].get(r["problem"], {}).get("layout")) for r in worst]
+    if any(lay for _, lay in layouts):
+        print()
+        print(f"{'kernel layout, process A (one call)':<44}{'kernels':>8}{'streams':>8}{'sum ms':>10}{'busy ms':>10}{'span ms':>10}  top kernels")
+        for prob, lay in layouts:
+            if not lay or "error" in lay or not lay.get("kernels"):
+                print(f"{prob[:43]:<44}  {(lay or {}).get('error', '-')}")
+                continue
+            print(f"{prob[:43]:<44}{lay['kernels']:>8}{lay['streams']:>8}{lay['sum_ms']:>10.4g}{lay['busy_ms']:>10.4g}"
+                  f"{lay['span_ms']:>10.4g}  {'; '.join(lay['top'])}")
     return 0
 
 
