@@ -366,7 +366,7 @@ class StageRunner:
         engine = r.get("engine", "actor")
         if engine not in ("actor", "policy"):
             raise ConfigError(f"trainer.rollout.engine={engine!r}; valid: actor (batched HF generate on the "
-                              "trained weights), policy (the run's token-level policy plugin, e.g. vllm or hf)")
+                              "trained weights), policy (the run's token-level policy plugin, e.g. vllm, vllm_server or hf)")
         if engine == "policy":
             policy = self._plugin_policy(actor_init)
             if hasattr(policy, "update_weights"):  # an engine or server may hold other weights: align first
@@ -391,7 +391,7 @@ class StageRunner:
         """
         spec = _plain(self.cfg.get("policy")) or {}
         if not spec.get("name"):
-            raise ConfigError("trainer.rollout.engine=policy needs policy.name (a token-level policy: vllm, hf)")
+            raise ConfigError("trainer.rollout.engine=policy needs policy.name (a token-level policy: vllm, vllm_server, hf)")
         opts = dict(spec.get("options") or {})
         if "model" in opts and not opts["model"] and actor_init is not None:
             opts["model"] = str(actor_init)

@@ -133,8 +133,8 @@ class LocalExecutorOptions:
     recycle: str = "always"  # always | on_error | never: when a worker process is replaced
     # warm workers waiting per GPU (torch imported, CUDA context made), so a replaced worker
     # costs no wait. Every job gets a fresh worker (recycle=always, and a job that drops root
-    # cannot hand its process on); a reward is two jobs back to back, and a worker takes
-    # 3-8 s to start on an H200 host, so one spare left the GPU idle half the time.
+    # cannot hand its process on); a reward is two jobs back to back and a worker takes
+    # seconds to start (torch import, CUDA context), so with one spare the second job waited.
     spares: int = 3
     preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
     warm_plugins: bool = True  # workers load the plugin registry before their first job
