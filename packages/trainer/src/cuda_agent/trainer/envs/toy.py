@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class ToyEnvironmentFactory:
     def __post_init__(self):
         self.words = WORDS[: max(1, min(self.num_targets, len(WORDS)))]
         self._tmp = None
+        self._tmp_lock = threading.Lock()  # episodes are made from several threads at once
 
     def tasks(self, n: int, rng: random.Random) -> list[Task]:
         out = []
@@ -125,9 +127,10 @@ class ToyEnvironmentFactory:
 
     def make(self, task: Task, dest: Path | None = None) -> ToyEnvironment:
         if dest is None:
-            if self._tmp is None:
-                self._tmp = tempfile.TemporaryDirectory(prefix="toy-env-")
-            dest = Path(self._tmp.name)
+            with self._tmp_lock:  # one shared folder: a second one would be deleted under the first's users
+                if self._tmp is None:
+                    self._tmp = tempfile.TemporaryDirectory(prefix="toy-env-")
+                dest = Path(self._tmp.name)
         Path(dest).mkdir(parents=True, exist_ok=True)
         return ToyEnvironment(task, Path(dest), self.turn_penalty)
 
