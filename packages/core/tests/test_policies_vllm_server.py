@@ -189,3 +189,20 @@ def test_real_vllm_server(tiny, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_config_fragment_composes_into_a_working_policy(server, tiny):
+    """configs/vllm-servers.yaml on top of the paper's run config builds this policy."""
+    from pathlib import Path
+
+    from cuda_agent.core.config import compose
+    from cuda_agent.core.plugins import get_plugin_manager
+
+    repo = Path(__file__).resolve().parents[3]
+    cfg = compose([repo / "configs" / "paper.yaml", repo / "configs" / "vllm-servers.yaml"],
+                  [f"policy.options.model={tiny}", f"policy.options.base_urls=[{server.url}]"])
+    assert cfg.trainer.rollout.engine == "policy"
+    pol = get_plugin_manager().create("policy", cfg.policy, where="policy")
+    assert isinstance(pol, VLLMServerPolicy) and pol.base_urls == [server.url]
+    ids, lps, _ = run(pol.generate(pol.tokenizer.encode(PROMPT, add_special_tokens=False), {"max_tokens": 4}))
+    assert len(ids) == len(lps) > 0
