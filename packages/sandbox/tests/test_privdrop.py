@@ -142,6 +142,50 @@ def test_a_job_user_without_passwd_entry_still_has_a_name(executor, setup, tmp_p
     check_user(setup, v.metadata)
 
 
+def test_candidate_code_reaches_no_network(executor, setup):
+    # a server on this host's loopback: the candidate's job runs in a network namespace of its own
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    got: list = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            got.append(conn.recv(64))
+            conn.close()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    ws = setup["ws"]
+    before = (ws / "model_new.py").read_text()
+    leak = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')"
+    (ws / "model_new.py").write_text(ATTACK.format(target="", at_import="", in_forward=leak.replace("\n", "; ")))
+    try:
+        v = run(executor, "verify", ws, options={"seed": 4})
+    finally:
+        (ws / "model_new.py").write_text(before)
+        stop.set()
+        t.join(2)
+        srv.close()
+    assert not v.ok and v.failure is FailureCategory.CRASH, (v.message, got, v.metadata.get("job_network"))
+    assert "unreachable" in v.message or "refused" in v.message, v.message
+    assert got == []  # nothing arrived
+    assert v.metadata["job_network"] == "none"
+    # an honest job on the same footing still verifies
+    h = run(executor, "verify", ws, options={"seed": 5})
+    assert h.ok and h.metadata["job_network"] == "none", (h.message, h.metadata.get("job_network"))
+
+
 def test_drop_can_be_switched_off(executor, setup):
     v = run(executor, "verify", setup["ws"], options={"seed": 1, "drop_privileges": False})
     assert v.ok and v.metadata["privileges"].startswith("kept (switched off"), v.metadata.get("privileges")

@@ -18,7 +18,9 @@ The workspace stays reachable through a directory handle opened before the drop
 ``TORCH_EXTENSIONS_DIR``, ``TRITON_CACHE_DIR`` and ``XDG_CACHE_HOME`` point into a
 private temporary folder owned by that user (removed after the job); supplementary groups
 are cleared and ``no_new_privs`` is set. The process can then write neither the baseline
-cache, nor the workspace's protected files, nor anything of root's. GPU device files are
+cache, nor the workspace's protected files, nor anything of root's. It also gets a network
+namespace of its own (``job_network: none`` in the metadata; ``CUDA_AGENT_JOB_NETWORK=1``
+keeps the host's network), so candidate code reaches no other machine and no local server. GPU device files are
 world-accessible on our GPU hosts and the CUDA context made before the drop stays usable.
 
 The drop happens only in an executor worker process (the worker marks itself with
@@ -52,6 +54,8 @@ USER_RECORD = "sandbox_user.json"  # in <workspace>/.cuda_agent/
 CACHE_VARS = ("HOME", "TMPDIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME")
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
+NETWORK_ENV = "CUDA_AGENT_JOB_NETWORK"  # "1": candidate jobs keep the host's network
 _SCRATCH_MB = 4096  # private /tmp of a job (memory-backed, used on demand): extension builds, caches
 
 _state: dict | None = None  # set once this process has dropped its rights
@@ -168,6 +172,21 @@ def _private_mounts(ws: Path) -> str:
     return ""
 
 
+def _cut_network() -> str:
+    """Move this process into a network namespace of its own (as root, before the drop):
+    no interface but a loopback that is down, so candidate code can reach no host, no local
+    server and no abstract unix socket. Returns "" on success, else why not."""
+    if os.environ.get(NETWORK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"kept by {NETWORK_ENV}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNET) != 0:
+            return f"no network namespace: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"no network namespace: {exc}"
+    return ""
+
+
 def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, dict]:
     """Become an unprivileged user (see the module docstring).
 
@@ -198,6 +217,7 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
     uid, gid = user if user else (fallback_uid(), fallback_uid())
     fd = os.open(str(ws), os.O_PATH | os.O_DIRECTORY)
     mounts = _private_mounts(ws)
+    network = _cut_network()
     if mounts:  # no mount namespace: the workspace through the handle, past closed parents
         view = f"/proc/self/fd/{fd}"
         closed = closed_folder(sys.prefix) or closed_folder(sys.base_prefix)
@@ -236,7 +256,8 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
     except OSError:
         os.chdir(private)
     meta = {"privileges": f"dropped to uid {uid} ({'workspace sandbox user' if user else 'fixed job user'})",
-            "uid": uid, "gid": gid, "job_mounts": f"shared ({mounts})" if mounts else "private"}
+            "uid": uid, "gid": gid, "job_mounts": f"shared ({mounts})" if mounts else "private",
+            "job_network": f"host ({network})" if network else "none"}
     _state = {"meta": meta, "private": private, "views": {str(ws): view}}
     return Path(view), dict(meta)
 
