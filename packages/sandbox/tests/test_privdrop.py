@@ -186,6 +186,30 @@ def test_candidate_code_reaches_no_network(executor, setup):
     assert h.ok and h.metadata["job_network"] == "none", (h.message, h.metadata.get("job_network"))
 
 
+def test_candidate_sees_a_private_dev_shm(executor, setup):
+    # a shared-memory segment of the host (another job's, say) is out of sight and untouched
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    host = Path("/dev/shm") / f"cuda-agent-test-{uuid.uuid4().hex[:8]}"
+    host.write_bytes(b"secret")
+    ws = setup["ws"]
+    before = (ws / "model_new.py").read_text()
+    probe = (f"import os; assert not os.path.exists({str(host)!r}), 'host segment visible'; "
+             "open('/dev/shm/job-scratch', 'wb').write(b'x')")
+    (ws / "model_new.py").write_text(ATTACK.format(target="", at_import="", in_forward=probe))
+    try:
+        v = run(executor, "verify", ws, options={"seed": 6})
+    finally:
+        (ws / "model_new.py").write_text(before)
+    try:
+        if v.metadata.get("job_mounts") != "private":
+            pytest.skip(f"no private mounts here: {v.metadata.get('job_mounts')}")
+        assert v.ok, v.message  # it could write its own /dev/shm, and did not see the host's
+        assert host.read_bytes() == b"secret" and not Path("/dev/shm/job-scratch").exists()
+    finally:
+        host.unlink()
+
+
 def test_drop_can_be_switched_off(executor, setup):
     v = run(executor, "verify", setup["ws"], options={"seed": 1, "drop_privileges": False})
     assert v.ok and v.metadata["privileges"].startswith("kept (switched off"), v.metadata.get("privileges")

@@ -153,7 +153,7 @@ def closed_folder(path: str | Path) -> str:
 
 def _private_mounts(ws: Path) -> str:
     """Give this process its own mount namespace (as root, before the drop): private
-    ``/tmp`` and ``/var/tmp``; folders the user could not enter on the way to the workspace
+    ``/tmp``, ``/var/tmp`` and ``/dev/shm``; folders the user could not enter on the way to the workspace
     or the Python installation replaced by empty ones with those paths bound in (so root's
     closed folders, such as ``/root``, stay closed while a Python installed there still
     imports). Returns "" on success, else why not (the process keeps the host's view)."""
@@ -165,7 +165,8 @@ def _private_mounts(ws: Path) -> str:
             return f"no mount namespace: {os.strerror(ctypes.get_errno())}"
         from .sandboxes import _launch
 
-        scratch = [(d, _SCRATCH_MB) for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and not os.path.islink(d)]
+        # /dev/shm too: other jobs' and the host's shared-memory segments stay out of reach
+        scratch = [(d, _SCRATCH_MB) for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and not os.path.islink(d)]
         _launch.setup_fs({"expose": _expose_paths(ws), "scratch": scratch, "hide": []})
     except Exception as exc:  # noqa: BLE001 - a half-made view is still no more than the host's
         return f"mount namespace setup failed: {exc}"
