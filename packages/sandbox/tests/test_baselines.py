@@ -243,3 +243,32 @@ def test_profile_records_threads_and_recompiles(relu_ws, tmp_path):
     assert m["cpu_threads"] == 1 and m["baseline_cpu_threads"] == 1
     assert m["compile_recompiles_during_timing"] == 0 and m["compile_frames_warmup"] >= 1
     assert r.compile is not None
+
+
+def test_baselines_see_the_same_input_changes_as_a_candidate(tmp_path):
+    """The candidate's timed calls get their inputs changed in place between calls; the
+    eager and compile baselines get the same, so neither side times inputs left warm in a
+    cache by the other protocol. The setting is part of the cache key."""
+    from cuda_agent.sandbox.baselines import key_fields, measure_model
+    from cuda_agent.sandbox.profilers import get_profiler
+
+    class Seen(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sums: list[float] = []
+
+        def forward(self, x):
+            self.sums.append(float(x.sum()))
+            return x * 2
+
+    sets = [[torch.rand(64) + 1.0] for _ in range(2)]  # positive: a negated call shows as a negative sum
+    m = Seen()
+    measure_model(m, sets, "cpu", get_profiler("wallclock", FAST), do_compile=False, perturb_inputs=True)
+    assert any(s < 0 for s in m.sums) and any(s > 0 for s in m.sums)
+    kept = Seen()
+    measure_model(kept, [[torch.rand(64) + 1.0]], "cpu", get_profiler("wallclock", FAST), do_compile=False)
+    assert all(s > 0 for s in kept.sums)
+    a = key_fields("code", [], "cpu", "fp32-strict", "wallclock", {}, perturb_inputs=True)
+    b = key_fields("code", [], "cpu", "fp32-strict", "wallclock", {}, perturb_inputs=False)
+    assert BaselineCache.key(a) != BaselineCache.key(b)
+    assert BaselineOptions().perturb_inputs and jobs.ProfileOptions().perturb_inputs

@@ -75,6 +75,9 @@ class BaselineOptions:
     cache_dir: str = ""  # "" = $CUDA_AGENT_BASELINE_CACHE or ~/.cache/cuda-agent/baselines
     force: bool = False  # measure again and overwrite the cached record
     cpu_threads: int = 1  # on the CPU: torch/OpenMP threads for every timing (0 = torch's default)
+    # change the inputs in place between timed calls, as the candidate's timing does, so that
+    # neither side finds its inputs in a cache the other one does not
+    perturb_inputs: bool = True
 
 
 def default_cache_dir() -> Path:
@@ -171,7 +174,8 @@ def gpu_name(device: Any) -> str:
 
 
 def key_fields(model_code: str, init_spec: Any, device: Any, precision: str, profiler: str, profiler_options: dict,
-               compile_mode: str = "default", num_input_sets: int = 0, seed: int = 0, cpu_threads: int | None = None) -> dict:
+               compile_mode: str = "default", num_input_sets: int = 0, seed: int = 0, cpu_threads: int | None = None,
+               perturb_inputs: bool = True) -> dict:
     import torch
 
     extra = {}
@@ -188,6 +192,7 @@ def key_fields(model_code: str, init_spec: Any, device: Any, precision: str, pro
         "compile_mode": compile_mode,
         "input_sets": num_input_sets,
         "seed": seed,
+        "perturb_inputs": bool(perturb_inputs),
     }
 
 
@@ -305,14 +310,20 @@ def warm_compiled(cm: Any, input_sets: list, device: Any, max_rounds: int = 3) -
 
 
 def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_compile: bool = True,
-                  compile_mode: str = "default", cpu_threads: int | None = 1) -> tuple[Timing, Timing | None, dict]:
+                  compile_mode: str = "default", cpu_threads: int | None = 1,
+                  perturb_inputs: bool = False) -> tuple[Timing, Timing | None, dict]:
     """Eager and compiled timings of an already built reference model, both under the same
-    thread setting (see the module docstring), compilation kept out of the timed calls."""
+    thread setting (see the module docstring), compilation kept out of the timed calls.
+    ``perturb_inputs``: inputs changed in place between timed calls, as for a candidate."""
+    from .inputs import perturb_
+
     info: dict[str, Any] = {}
+    k = max(1, len(input_sets))
+    prepare = (lambda step, args: perturb_(args, step // k)) if perturb_inputs else None
     with timing_threads(device, cpu_threads) as threads:
         if threads is not None:
             info["cpu_threads"] = threads
-        eager = time_model(model, input_sets, device, profiler)
+        eager = time_model(model, input_sets, device, profiler, prepare)
         comp = None
         if do_compile:
             t0 = time.perf_counter()
@@ -322,12 +333,12 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
                 info["compile_seconds"] = round(time.perf_counter() - t0, 2)
                 info["compile_frames_warmup"] = frames
                 before = dynamo_frames()
-                comp = time_model(cm, input_sets, device, profiler)
+                comp = time_model(cm, input_sets, device, profiler, prepare)
                 recompiles = dynamo_frames() - before
                 info["compile_recompiles_during_timing"] = recompiles
                 if recompiles:  # a guard failed inside the timed loop: time again, now compiled
                     before = dynamo_frames()
-                    comp = time_model(cm, input_sets, device, profiler)
+                    comp = time_model(cm, input_sets, device, profiler, prepare)
                     info["compile_retimed"] = True
                     info["compile_recompiles_during_timing"] = dynamo_frames() - before
             except Exception as exc:  # the task fails under torch.compile: no compile baseline
@@ -388,7 +399,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
         init = ref_mod.get_init_inputs()
         init_inputs = list(init) if isinstance(init, (list, tuple)) else [init]
     fields = key_fields(model_code, describe(init_inputs), device, o.precision, prof_name, o.profiler_options,
-                        o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads)
+                        o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads, o.perturb_inputs)
     key = BaselineCache.key(fields)
     rec = None if o.force else cache.get(key)
     if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
@@ -410,7 +421,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
             input_sets = rotation_sets(ref_mod.get_inputs, device, o.seed, o.num_input_sets)
         try:
             eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode,
-                                              o.cpu_threads)
+                                              o.cpu_threads, o.perturb_inputs)
         except Exception as exc:
             raise BaselineError(f"reference Model failed to run: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}") from exc
     cache.measured += 1

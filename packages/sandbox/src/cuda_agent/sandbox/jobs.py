@@ -158,6 +158,7 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
         seed=o.baseline_seed,
         cache_dir=o.baseline_cache_dir,
         cpu_threads=o.cpu_threads,
+        perturb_inputs=o.perturb_inputs,
     )
 
 
