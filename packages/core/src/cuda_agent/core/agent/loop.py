@@ -332,7 +332,11 @@ async def run_episode(
 def run_episode_sync(task: Task, policy: Any, env: Environment, options: AgentOptions | None = None,
                      on_event: Event | None = None) -> Trajectory:
     """:func:`run_episode` for synchronous callers (runs its own event loop, or a thread if one is running)."""
-    coro = run_episode(task, policy, env, options, on_event)
+    return run_sync(run_episode(task, policy, env, options, on_event))
+
+
+def run_sync(coro: Any) -> Any:
+    """Run ``coro`` to its end from synchronous code, also when this thread runs an event loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent.loop import PolicyError
+from ..agent.loop import PolicyError, run_sync
 from ..errors import ConfigError
 from ..interfaces import Policy
 from .http import RetryingHTTPClient
@@ -154,7 +154,7 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
 
         self.weights_version += 1
         path = write_weights(named_tensors, self._sync_dir, self.weights_version)
-        counts = run_coroutine(self._load_everywhere(LOAD_METHOD, str(path)))
+        counts = run_sync(self._load_everywhere(LOAD_METHOD, str(path)))
         return min(counts) if counts else 0
 
     async def _load_everywhere(self, method: str, path: str) -> list[int]:
@@ -178,18 +178,6 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
                 raise PolicyError(f"{root}/collective_rpc: unexpected results {str(results)[:200]}")
 
         return list(await asyncio.gather(*(one(b) for b in self.base_urls)))
-
-
-def run_coroutine(coro: Any) -> Any:
-    """Run ``coro`` to its end from synchronous code, also when this thread runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def parse_completion(data: dict, url: str = "the server") -> tuple[list[int], list[float], str]:
