@@ -3,7 +3,8 @@
 Run from the repo root on a GPU machine, as root: ``python3 scripts/gpu/privdrop_check.py``.
 Through the ``local`` (GPU) executor it profiles an honest candidate twice (the second call
 must hit the baseline cache), verifies and profiles a candidate whose forward tries to
-overwrite the workspace's model.py, and one that writes the baseline cache. Prints a table;
+overwrite the workspace's model.py, one that writes the baseline cache, and one that opens
+a connection to a server on the host's loopback (the job has no network). Prints a table;
 writes the results as JSON under ``$OUT`` when set.
 """
 
@@ -49,7 +50,10 @@ CANDIDATE = textwrap.dedent('''
             super().__init__()
 
         def forward(self, x):
-            if TARGET:
+            if TARGET.startswith("tcp:"):
+                import socket
+                socket.create_connection(("127.0.0.1", int(TARGET[4:])), timeout=2).sendall(b"leak")
+            elif TARGET:
                 with open(TARGET, "w") as f:
                     f.write("tampered")
             return torch.relu(x) * 2.0
@@ -115,6 +119,24 @@ def main() -> int:
         r, err, s = job("profile", options=popts)
         row("writes the baseline cache (profile)", r, err, s, False)
         rows[-1]["as_expected"] = rows[-1]["as_expected"] and {f: f.read_bytes() for f in files} == before
+        import socket
+
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        srv.settimeout(0.5)
+        (root / "model_new.py").write_text(CANDIDATE.format(target=f"tcp:{srv.getsockname()[1]}"))
+        r, err, s = job("profile", options=popts)
+        row("connects to a host server (profile)", r, err, s, False)
+        try:
+            conn, _ = srv.accept()
+            conn.close()
+            reached = True
+        except OSError:
+            reached = False
+        srv.close()
+        rows[-1]["as_expected"] = rows[-1]["as_expected"] and not reached \
+            and (getattr(r, "metadata", {}) or {}).get("job_network") == "none"
     finally:
         ex.close()
     out = os.environ.get("OUT")
