@@ -426,6 +426,11 @@ def ppo_worker(out_dir: str, model_dir: str, backend: str, device: str, n_traj: 
         bus = getattr(p, "pci_bus_id", None)
         res["pci"] = f"{getattr(p, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(p, 'pci_device_id', 0):02x}" if bus is not None else ""
     Path(out_dir, f"rank{r}.json").write_text(json.dumps(res))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # leave together, then tear the group down
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def run_ppo(model_dir: Path, backend: str, device: str, nproc: int, n_traj: int, tmp: Path) -> dict:

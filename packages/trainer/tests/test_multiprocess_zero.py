@@ -96,6 +96,11 @@ def _rank_main(out: str, backend: str, stage: int, model_dir: str) -> None:
                    actor_probe=sd["model.embed_tokens.weight"][:3, :3].flatten().tolist(),
                    critic_sum=float(sum(v.double().abs().sum() for v in csd.values())))
     Path(out, f"rank{r}.json").write_text(json.dumps(res))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # leave together: a rank exiting early aborts the other's gloo threads
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
