@@ -2,7 +2,7 @@
 
 Each entry is a script of this folder with the arguments it runs with and a time limit.
 A run stops starting new scripts once the next one would overrun ``--budget`` seconds,
-so one call fits a machine lease; name scripts to run a subset:
+so one call fits a time-limited GPU allocation; name scripts to run a subset:
 
     source scripts/gpu/setup.sh
     python3 scripts/gpu/run_all.py                       # everything that fits the budget
@@ -88,8 +88,8 @@ def main() -> int:
         return 2
 
     final_out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    # scripts write into a staging folder, packed into one archive at the end: a device
-    # machine hands back only a few files from $OUT
+    # scripts write into a staging folder, packed into one archive at the end: batch GPU
+    # runners often return only a few files from $OUT
     out = Path(tempfile.mkdtemp(prefix="run-all-")) if final_out is not None else None
     gpus = gpu_count()
     lanes_n = max(1, min(args.lanes or gpus, gpus or 1))
