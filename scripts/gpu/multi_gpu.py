@@ -720,6 +720,9 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--ppo-worker":
         ppo_worker(*sys.argv[2:6], int(sys.argv[6]))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # results written: no teardown of background communication threads
     elif len(sys.argv) > 1 and sys.argv[1] == "--generate-worker":
         generate_worker(*sys.argv[2:8])
     else:

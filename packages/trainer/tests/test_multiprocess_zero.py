@@ -106,3 +106,8 @@ def _rank_main(out: str, backend: str, stage: int, model_dir: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD", "1")
     _rank_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    # the result is written: skip interpreter teardown, where gloo/DeepSpeed background
+    # threads can abort the process (std::terminate) after the work succeeded
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

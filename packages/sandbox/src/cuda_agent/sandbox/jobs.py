@@ -30,6 +30,7 @@ from typing import Any
 
 from cuda_agent.core.types import FailureCategory, ProfileResult, VerifyResult
 
+from . import integrity
 from .baselines import (
     BaselineOptions,
     auto_input_sets,
@@ -236,6 +237,13 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
     view, priv = drop_privileges(ws, o.drop_privileges)
     meta.update(priv)
     cand_path = rebase(cand_path, ws, view)
+    harness = integrity.snapshot()  # timers, torch and the harness: candidate code may not replace them
+
+    def tampered_fail() -> ProfileResult | None:
+        changed = integrity.tampered(harness)
+        return fail(FailureCategory.FORBIDDEN_OP, integrity.message(changed, cand_path.name),
+                    eager=eager, compile=comp) if changed else None
+
     with workspace_imports(view), torch.no_grad():
         try:
             cand_mod, _ns = load_candidate(cand_path)
@@ -243,8 +251,11 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
             state.update(buffers)
             build_candidate(loaded, cand_mod, device, o.baseline_seed, True, cand_path.name, state=state)
         except LoadFailure as exc:
-            return fail(exc.category, exc.message, eager=eager, compile=comp)
+            return tampered_fail() or fail(exc.category, exc.message, eager=eager, compile=comp)
         del state, buffers
+        bad = tampered_fail()
+        if bad is not None:
+            return bad
 
         # candidate
         with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
@@ -287,6 +298,9 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                     return fail(FailureCategory.WRONG_RESULT,
                                 f"wrong result on inputs changed between timed calls (results cached?): {cmp.message}",
                                 eager=eager, compile=comp, candidate=cand_timing)
+    bad = tampered_fail()  # timed with replaced timers: the numbers mean nothing
+    if bad is not None:
+        return bad
     res = ProfileResult(ok=True, candidate=cand_timing, eager=eager, compile=comp, seconds=0.0, metadata=meta)
     if "tf32_baselines" in meta and cand_timing.median_ms > 0:
         tb = meta["tf32_baselines"]

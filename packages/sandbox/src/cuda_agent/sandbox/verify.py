@@ -61,6 +61,7 @@ from typing import Any, Iterator
 
 from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
 
+from . import integrity
 from .guard import ForbiddenOpError, GuardOptions, forward_guard, new_namespaces, registered_op_names
 from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
 from .precision import policy_from, precision_context
@@ -649,6 +650,16 @@ def verify_candidate(
     view, priv = drop_privileges(ws, opts.drop_privileges)
     meta.update(priv)
     cand_path = rebase(cand_path, ws, view)
+    harness = integrity.snapshot()  # what candidate code may not replace
+
+    def tamper_check() -> VerifyResult | None:
+        changed = integrity.tampered(harness)
+        if not changed:
+            return None
+        msg = integrity.message(changed, cand_path.name)
+        checks.append(CheckResult(name="harness integrity", passed=False, message=msg))
+        return result(False, FailureCategory.FORBIDDEN_OP, msg)
+
     with workspace_imports(view), precision_context(policy) as flags, torch.no_grad():
         meta["precision_flags"] = flags
         try:
@@ -657,7 +668,10 @@ def verify_candidate(
                 meta["custom_op_namespaces"] = sorted(namespaces)
                 loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)
         except LoadFailure as exc:
-            return result(False, exc.category, exc.message)
+            return tamper_check() or result(False, exc.category, exc.message)
+        tampered_now = tamper_check()
+        if tampered_now is not None:
+            return tampered_now
         meta["init_inputs"] = describe(loaded.init_inputs)
         seeds = input_seeds(seed, opts.num_inputs)
         meta["input_seeds"] = seeds
@@ -798,6 +812,9 @@ def verify_candidate(
             entry["status"] = "failed" if failed is not None else "passed"
             if failed is not None:
                 return failed
+    tampered_now = tamper_check()  # a replaced comparison would have passed everything above
+    if tampered_now is not None:
+        return tampered_now
     worst = max((c.max_abs_err or 0.0 for c in checks), default=0.0)
     done = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "passed")
     skipped = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "skipped")
