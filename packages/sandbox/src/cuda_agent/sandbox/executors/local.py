@@ -136,7 +136,8 @@ class LocalExecutorOptions:
     # cannot hand its process on); a reward is two jobs back to back and a worker takes
     # seconds to start (torch import, CUDA context), so with one spare the second job waited.
     spares: int = 3
-    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
+    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.integrity); a spare pays it while it waits
+    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.jobs"])
     warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
