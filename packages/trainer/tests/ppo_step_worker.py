@@ -1,13 +1,17 @@
 """One PPO update on fixed trajectories; run as a separate process (optionally one of several ranks).
 
-usage: python ppo_step_worker.py OUT.json BACKEND ZERO_STAGE MODEL_DIR
+usage: python ppo_step_worker.py OUT_DIR BACKEND ZERO_STAGE MODEL_DIR  (writes OUT_DIR/rank<r>.json)
 Environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT for several processes.
+:func:`launch` starts the ranks and returns their results.
 """
 
 import json
 import os
 import random
+import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -44,20 +48,49 @@ def main():
     share = len(trajs) // ws
     mine = trajs[r * share:(r + 1) * share]
     metrics = Trainer(actor, critic, pad_id=0).update(mine, algo, step=0)
-    sd = actor.full_state_dict()
+    sd = actor.full_state_dict()  # ZeRO-3 gathers the full weights on rank 0 only
     csd = critic.full_state_dict()
-    res = {
-        "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
-        "actor_sum": float(sum(v.double().abs().sum() for v in sd.values())),
-        "actor_probe": sd["model.embed_tokens.weight"][:3, :3].flatten().tolist(),
-        "critic_sum": float(sum(v.double().abs().sum() for v in csd.values())),
-        "world": ws,
-    }
-    if r == 0:
-        with open(out, "w") as f:
-            json.dump(res, f)
+    res = {"world": ws, "trajectories": len(mine), "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}}
+    if sd:
+        res.update(actor_sum=float(sum(v.double().abs().sum() for v in sd.values())),
+                   actor_probe=sd["model.embed_tokens.weight"][:3, :3].flatten().tolist(),
+                   critic_sum=float(sum(v.double().abs().sum() for v in csd.values())))
+    Path(out, f"rank{r}.json").write_text(json.dumps(res))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # leave together: a rank exiting early aborts the other's gloo threads
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(out: Path, backend: str, stage: int, model: Path, world: int = 1, timeout: float = 300) -> list[dict]:
+    """Run ``world`` ranks of this file on the CPU over gloo; the result of each rank."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = str(_port())
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+                   CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1", DS_ACCELERATOR="cpu")
+        procs.append(subprocess.Popen([sys.executable, __file__, str(out), backend, str(stage), str(model)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 if __name__ == "__main__":
     os.environ.setdefault("CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD", "1")
     main()
+    # the result is written: skip interpreter teardown, where gloo/DeepSpeed background
+    # threads can abort the process (std::terminate) after the work succeeded
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

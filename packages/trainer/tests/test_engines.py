@@ -1,15 +1,12 @@
 """Real optimiser steps: accelerate, DeepSpeed ZeRO-2/3 in one process, and data parallel over gloo."""
 
-import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("ppo_step_worker.py")
+sys.path.insert(0, str(Path(__file__).parent))
+from ppo_step_worker import launch  # noqa: E402
 
 try:
     import deepspeed  # noqa: F401
@@ -20,26 +17,9 @@ except Exception:
 needs_ds = pytest.mark.skipif(not HAVE_DS, reason="deepspeed is not installed (pip install --no-deps deepspeed ...)")
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path, backend, stage, model, world=1):
-    out = tmp_path / f"{backend}-{stage}-{world}.json"
-    port = str(_port())
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
-                   CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1", DS_ACCELERATOR="cpu")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), backend, str(stage), str(model)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
-    return json.loads(out.read_text())
+    """Rank 0's result of one PPO step over ``world`` gloo processes."""
+    return launch(tmp_path / f"{backend}-{stage}-{world}", backend, stage, model, world, timeout=240)[0]
 
 
 @pytest.fixture(scope="module")
