@@ -117,11 +117,11 @@ class DeviceLock:
 # --- overlap analysis ---------------------------------------------------------------------
 
 
-def overlaps(intervals: list[dict]) -> list[tuple[dict, dict]]:
-    """Pairs of intervals on the same device that overlap where at least one is a profiling job.
+def overlapping_pairs(intervals: list[dict]) -> list[tuple[dict, dict]]:
+    """Every pair of intervals on the same device that overlap (touching ends do not count).
 
-    Each interval: {"device", "kind", "start", "end", "id"}. Touching ends do not count."""
-    bad = []
+    Each interval: {"device", "kind", "start", "end", "id"}."""
+    pairs = []
     by_dev: dict[str, list[dict]] = {}
     for iv in intervals:
         by_dev.setdefault(iv["device"], []).append(iv)
@@ -131,25 +131,18 @@ def overlaps(intervals: list[dict]) -> list[tuple[dict, dict]]:
             for b in ivs[i + 1:]:
                 if b["start"] >= a["end"]:
                     break
-                if "profile" in (a["kind"], b["kind"]):
-                    bad.append((a, b))
-    return bad
+                pairs.append((a, b))
+    return pairs
+
+
+def overlaps(intervals: list[dict]) -> list[tuple[dict, dict]]:
+    """Overlapping pairs on one device where at least one is a profiling job."""
+    return [(a, b) for a, b in overlapping_pairs(intervals) if "profile" in (a["kind"], b["kind"])]
 
 
 def any_overlaps(intervals: list[dict]) -> int:
     """Number of overlapping pairs on the same device, whatever their kinds."""
-    n = 0
-    by_dev: dict[str, list[dict]] = {}
-    for iv in intervals:
-        by_dev.setdefault(iv["device"], []).append(iv)
-    for ivs in by_dev.values():
-        ivs = sorted(ivs, key=lambda x: x["start"])
-        for i, a in enumerate(ivs):
-            for b in ivs[i + 1:]:
-                if b["start"] >= a["end"]:
-                    break
-                n += 1
-    return n
+    return len(overlapping_pairs(intervals))
 
 
 # --- workspace ----------------------------------------------------------------------------
