@@ -17,35 +17,10 @@ from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_verify_support import make_workspace, relu_new  # noqa: E402
+from test_verify_support import hooked_relu_new, make_workspace, relu_new  # noqa: E402
 
 T = "cuda_agent.sandbox.executors.tasks:"
 FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
-
-CHEAT = '''
-import time
-import torch
-import torch.nn as nn
-from cuda_agent_runtime import load_kernels
-
-kernels = load_kernels()
-{at_import}
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        {in_forward}
-        y = torch.empty_like(x)
-        kernels.relu(x, y, x.numel())
-        return {ret}
-'''
-
-
-def cheat(at_import: str = "", in_forward: str = "pass", ret: str = "y") -> str:
-    return CHEAT.format(at_import=at_import, in_forward=in_forward, ret=ret)
-
 
 @pytest.fixture(scope="module")
 def executor():
@@ -75,7 +50,7 @@ def test_honest_candidate_passes_both_jobs(executor, ws):
 
 
 def test_replaced_timer_is_refused(executor, ws):
-    code = cheat(at_import="_real = time.perf_counter\ntime.perf_counter = lambda: _real() / 1000.0")
+    code = hooked_relu_new(at_import="_real = time.perf_counter\ntime.perf_counter = lambda: _real() / 1000.0")
     p = job(executor, ws, "profile", code)
     assert not p.ok and p.failure is FailureCategory.FORBIDDEN_OP, p.message
     assert "time.perf_counter" in p.message and "no-tampering" in p.message
@@ -83,7 +58,7 @@ def test_replaced_timer_is_refused(executor, ws):
 
 def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
     # a wrong kernel (returns the input) that makes the harness's comparison always agree
-    code = cheat(at_import=(
+    code = hooked_relu_new(at_import=(
         "import cuda_agent.sandbox.verify as _v\n"
         "_v.compare_outputs = lambda *a, **k: _v.Comparison(ok=True)"), ret="x")
     v = job(executor, ws, "verify", code)
@@ -92,7 +67,7 @@ def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
 
 
 def test_patch_inside_forward_is_caught_after_the_run(executor, ws):
-    code = cheat(in_forward="torch.Tensor.allclose = lambda self, other, *a, **k: True")
+    code = hooked_relu_new(in_forward="torch.Tensor.allclose = lambda self, other, *a, **k: True")
     v = job(executor, ws, "verify", code)
     assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP, v.message
     assert "torch.Tensor.allclose" in v.message

@@ -24,7 +24,7 @@ from cuda_agent.sandbox.privdrop import FALLBACK_COUNT, FALLBACK_UID, closed_fol
 from cuda_agent.sandbox.sandboxes.common import apply_layout  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_verify_support import make_workspace, relu_new  # noqa: E402
+from test_verify_support import hooked_relu_new, make_workspace  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -34,36 +34,10 @@ T = "cuda_agent.sandbox.executors.tasks:"
 FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
 AGENT_UID = 61999  # stands for the local sandbox's agent user of the workspace
 
-ATTACK = '''
-import torch
-import torch.nn as nn
-from cuda_agent_runtime import load_kernels
-
-kernels = load_kernels()
-TARGET = {target!r}
-
-
-def _tamper():
-    with open(TARGET, "w") as f:
-        f.write("tampered")
-
-{at_import}
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        {in_forward}
-        y = torch.empty_like(x)
-        kernels.relu(x, y, x.numel())
-        return y
-'''
-
-
 def attack(target: str, when: str) -> str:
-    return ATTACK.format(target=target, at_import="_tamper()" if when == "import" else "",
-                         in_forward="_tamper()" if when == "forward" else "pass")
+    tamper = f"TARGET = {target!r}\n\n\ndef _tamper():\n    with open(TARGET, 'w') as f:\n        f.write('tampered')\n"
+    return hooked_relu_new(at_import=tamper + ("_tamper()" if when == "import" else ""),
+                           in_forward="_tamper()" if when == "forward" else "pass")
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +105,8 @@ def test_a_job_user_without_passwd_entry_still_has_a_name(executor, setup, tmp_p
     # torch asks getpass.getuser() for its cache folders; the job's uid has no passwd entry
     ws = setup["ws"]
     before = (ws / "model_new.py").read_text()
-    code = ATTACK.format(target="", at_import="import getpass\nNAME = getpass.getuser()",
-                         in_forward="assert getpass.getuser() == NAME and NAME.startswith('cuda-agent-job-')")
+    code = hooked_relu_new(at_import="import getpass\nNAME = getpass.getuser()",
+                           in_forward="assert getpass.getuser() == NAME and NAME.startswith('cuda-agent-job-')")
     (ws / "model_new.py").write_text(code)
     try:
         v = run(executor, "verify", ws, options={"seed": 3})
@@ -169,7 +143,7 @@ def test_candidate_code_reaches_no_network(executor, setup):
     ws = setup["ws"]
     before = (ws / "model_new.py").read_text()
     leak = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')"
-    (ws / "model_new.py").write_text(ATTACK.format(target="", at_import="", in_forward=leak.replace("\n", "; ")))
+    (ws / "model_new.py").write_text(hooked_relu_new(in_forward=leak.replace("\n", "; ")))
     try:
         v = run(executor, "verify", ws, options={"seed": 4})
     finally:
@@ -196,7 +170,7 @@ def test_candidate_sees_a_private_dev_shm(executor, setup):
     before = (ws / "model_new.py").read_text()
     probe = (f"import os; assert not os.path.exists({str(host)!r}), 'host segment visible'; "
              "open('/dev/shm/job-scratch', 'wb').write(b'x')")
-    (ws / "model_new.py").write_text(ATTACK.format(target="", at_import="", in_forward=probe))
+    (ws / "model_new.py").write_text(hooked_relu_new(in_forward=probe))
     try:
         v = run(executor, "verify", ws, options={"seed": 6})
     finally:

@@ -120,6 +120,33 @@ LINEAR_NEW = textwrap.dedent(
 )
 
 
+HOOKED_RELU_NEW = '''
+import time
+import torch
+import torch.nn as nn
+from cuda_agent_runtime import load_kernels
+
+kernels = load_kernels()
+{at_import}
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        {in_forward}
+        y = torch.empty_like(x)
+        kernels.relu(x, y, x.numel())
+        return {ret}
+'''
+
+
+def hooked_relu_new(at_import: str = "", in_forward: str = "pass", ret: str = "y") -> str:
+    """The g++ ReLU candidate with extra code at import and in ``forward`` (one line), for
+    candidates that try something besides computing the result."""
+    return HOOKED_RELU_NEW.format(at_import=at_import, in_forward=in_forward, ret=ret)
+
+
 def relu_new(fn: str = "relu", ret: str = "y") -> str:
     return RELU_NEW.replace("{fn}", fn).replace("{ret}", ret)
 
