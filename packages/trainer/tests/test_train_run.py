@@ -157,16 +157,21 @@ def test_paper_preset():
     assert base.trainer.stages[3].algorithm.options.actor_lr == 3e-6
 
 
-def test_rollouts_through_policy_plugin_with_weight_sync(tmp_path):
-    """trainer.rollout.engine=policy: the core ``hf`` policy samples; its weights follow every update."""
+def _policy_engine_config(tmp_path, policy: dict):
+    """The toy run, 3 PPO steps, rollouts sampled by the ``policy:`` plugin."""
     over = tmp_path / "over.yaml"
     over.write_text(yaml.safe_dump({
-        "policy": {"name": "hf", "options": {"model": "", "max_new_tokens": 4}},
+        "policy": policy,
         "trainer": {"rollout": {"engine": "policy"}, "stages": [
             {"name": "ppo", "steps": 3, "algorithm": {"name": "ppo", "options": {
                 "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8, "actor_lr": 1e-2,
                 "critic_lr": 1e-2}}}]}}))
-    cfg = compose([TOY, over], [f"run.output_dir={tmp_path}", "logging.console=false"])
+    return compose([TOY, over], [f"run.output_dir={tmp_path}", "logging.console=false"])
+
+
+def test_rollouts_through_policy_plugin_with_weight_sync(tmp_path):
+    """trainer.rollout.engine=policy: the core ``hf`` policy samples; its weights follow every update."""
+    cfg = _policy_engine_config(tmp_path, {"name": "hf", "options": {"model": "", "max_new_tokens": 4}})
     with Run(cfg, command="train") as run:
         hist = StageRunner(cfg, run, show_progress=False).run_all()
     # the sampler's log-probs equal the trainer's recomputation at every step: weights were synced
@@ -183,15 +188,8 @@ def test_rollouts_through_vllm_server_protocol_with_weight_sync(tmp_path):
 
     from cuda_agent.core.policies.hf_server import HFTokenServer
 
-    over = tmp_path / "over.yaml"
-    over.write_text(yaml.safe_dump({
-        "policy": {"name": "vllm_server", "options": {"base_urls": ["http://127.0.0.1:1/v1"], "model": "",
-                                                       "max_retries": 1}},
-        "trainer": {"rollout": {"engine": "policy"}, "stages": [
-            {"name": "ppo", "steps": 3, "algorithm": {"name": "ppo", "options": {
-                "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8, "actor_lr": 1e-2,
-                "critic_lr": 1e-2}}}]}}))
-    cfg = compose([TOY, over], [f"run.output_dir={tmp_path}", "logging.console=false"])
+    cfg = _policy_engine_config(tmp_path, {"name": "vllm_server", "options": {
+        "base_urls": ["http://127.0.0.1:1/v1"], "model": "", "max_retries": 1}})
     with Run(cfg, command="train") as run:
         runner = StageRunner(cfg, run, show_progress=False)
         base = runner.base_model_dir()
