@@ -12,6 +12,8 @@ so one call fits a time-limited GPU allocation; name scripts to run a subset:
 
 An entry may carry its own arguments after the name (quote it), replacing the defaults,
 and may be pinned to a lane with a leading ``@k`` ("@1 eval_references --levels 1").
+``@k!`` also puts the entry in a first wave that ends before any other single-GPU script
+starts (benchmarks that should not share the host with compile-heavy work).
 Scripts that need several GPUs run first, alone; the single-GPU ones are then spread over
 one lane per GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU), longest first onto the lane
 with least work, each lane running its scripts one after another within the budget.
@@ -75,10 +77,13 @@ def main() -> int:
         return 0
     wanted = []
     pinned: dict[int, int] = {}  # entry index -> lane
+    first_wave: set[int] = set()  # entry indices that run before the other single-GPU ones
     for entry in args.names or list(SCRIPTS):
         words = shlex.split(entry)
-        if words and words[0].startswith("@") and words[0][1:].isdigit():
-            pinned[len(wanted)] = int(words[0][1:])
+        if words and words[0].startswith("@") and words[0][1:].rstrip("!").isdigit():
+            pinned[len(wanted)] = int(words[0][1:].rstrip("!"))
+            if words[0].endswith("!"):
+                first_wave.add(len(wanted))
             words = words[1:]
         name, *extra = words
         wanted.append((name, extra if extra else SCRIPTS.get(name, ([],))[0]))
@@ -103,6 +108,7 @@ def main() -> int:
         label = name if [n for n, _ in wanted].count(name) == 1 else f"{name}-{i}"
         entries.append((label, name, extra))
     lane_of = {entries[i][0]: k % lanes_n for i, k in pinned.items()}
+    early = {entries[i][0] for i in first_wave}
 
     def run_one(label: str, name: str, extra: list[str], visible: str | None) -> None:
         _, limit, what, need = SCRIPTS[name]
@@ -160,10 +166,14 @@ def main() -> int:
         lanes[k].append(e)
         load[k] += SCRIPTS[e[1]][1]
     if lanes_n == 1:
-        for e in single:
-            run_one(*e, None)
-    else:
-        threads = [threading.Thread(target=lambda k=k: [run_one(*e, str(k)) for e in lanes[k]]) for k in range(lanes_n)]
+        lanes = [single]  # one lane: the order given
+    for first in (True, False):
+        wave = [[e for e in lane if (e[0] in early) == first] for lane in lanes]
+        if lanes_n == 1:
+            for e in wave[0]:
+                run_one(*e, None)
+            continue
+        threads = [threading.Thread(target=lambda k=k: [run_one(*e, str(k)) for e in wave[k]]) for k in range(lanes_n)]
         for t in threads:
             t.start()
         for t in threads:
