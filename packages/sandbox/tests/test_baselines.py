@@ -49,6 +49,29 @@ def test_key_depends_on_code_precision_and_profiler(tmp_path):
     assert cache.measured == 4 and len(cache) == 4
 
 
+def test_noisy_cached_baselines_are_measured_again_on_request(tmp_path):
+    """``refresh_spread``: a cached record whose spread says the host was busy is measured
+    again (and replaced); steady records and the default (0: never) keep the cache."""
+    import json
+
+    from cuda_agent.sandbox.baselines import measure_baselines_record
+
+    cache = BaselineCache(tmp_path / "cache")
+    _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
+    path = cache.path(rec["key"])
+    stored = json.loads(path.read_text())
+    stored["eager"]["spread"] = 5.0  # as if measured beside a compiling job
+    path.write_text(json.dumps(stored))
+    _, _, again = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), BaselineCache(tmp_path / "cache"))
+    assert again["cached"]  # refresh off: the record stands
+    fresh = BaselineCache(tmp_path / "cache")
+    e, _, redone = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, refresh_spread=1.0), fresh)
+    assert not redone["cached"] and fresh.measured == 1
+    assert json.loads(path.read_text())["eager"]["spread"] == e.spread < 1.0
+    _, _, kept = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, refresh_spread=1.0), fresh)
+    assert kept["cached"] and fresh.measured == 1
+
+
 def test_compile_baseline_on_cpu(tmp_path):
     cache = BaselineCache(tmp_path / "cache")
     eager, comp = measure_baselines(RELU_TASK, "cpu", opts(tmp_path, compile=True), cache)

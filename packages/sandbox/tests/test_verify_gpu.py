@@ -110,3 +110,32 @@ def test_cuda_single_file_verify_and_profile(files, tmp_path):
     tp = profile_file(solution(files, "relu"), ref, "cuda", ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"),
                                                                          profiler="torch_profiler"))
     assert tp.ok and tp.candidate.method == "torch_profiler"
+
+
+CAPTURE_CHEAT = SOLUTION.replace(
+    "            return ext.FN(x)",
+    "            if torch.cuda.is_current_stream_capturing():  # no work while a graph is captured\n"
+    "                return torch.empty_like(x)\n"
+    "            return ext.relu(x)",
+)
+
+
+@pytest.mark.gpu
+def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
+    """A task switched to CUDA-graph timing (its eager reference stayed unsteady: here forced
+    by a zero spread limit) times baselines and candidate alike by graph replay, and the
+    spot check runs the replayed graph: a candidate that does nothing while captured fails."""
+    ref = str(files / "ref.py")
+    opts = ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), profiler_options={"target_ms": 50},
+                          max_spread=1e-12, attempts=1)
+    honest = profile_file(solution(files, "relu"), ref, "cuda", opts)
+    assert honest.ok, honest.message
+    assert honest.eager.method.startswith("cuda_events+graph") and honest.compile.method.startswith("cuda_events+graph")
+    assert honest.candidate.method.startswith("cuda_events+graph") and honest.metadata["timing_mode"] == "cuda_events+graph"
+    assert 0.5 < honest.speedup_vs_eager() < 2.0
+    p = files / "sol_capture_cheat.py"
+    p.write_text(CAPTURE_CHEAT.replace("FN", "relu").replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "")
+                 .replace("EXTRA_FN", "").replace("NAME", "_cc"))
+    assert verify_file(str(p), ref, "cuda", VerifyOptions(seed=1)).ok  # eagerly it is correct
+    cheat = profile_file(str(p), ref, "cuda", opts)
+    assert not cheat.ok and cheat.failure is FailureCategory.WRONG_RESULT, cheat.message

@@ -52,6 +52,16 @@ class Profiler(Component):
     def time(self, fn: Any, input_sets: list, device: Any = None) -> Timing:
         """Time ``fn(*inputs)`` rotating over ``input_sets``; runs inside an executor worker."""
 
+    def steadier(self) -> "Profiler | None":
+        """A mode of this profiler that gives steadier numbers for calls it times unsteadily
+        (``cuda_events``: CUDA-graph replay), or None. A task whose eager baseline stays
+        unsteady is timed in that mode throughout: baselines and candidates alike."""
+        return None
+
+    def method_name(self) -> str:
+        """The ``Timing.method`` this profiler's timings start with."""
+        return self.name
+
 
 class CorrectnessCheck(Component):
     kind = "correctness_check"

@@ -103,6 +103,7 @@ class Timing:
     iterations: int = 0
     method: str = ""
     samples_ms: list[float] = field(default_factory=list)
+    attempts: int = 1  # measurements made; more than one when a noisy one was repeated
 
 
 @dataclass

@@ -103,6 +103,11 @@ def result_from_outcome(
         r.speedup_vs_compile = _speedup(r.t_compile_ms, r.t_candidate_ms)
         if p.metadata:
             r.metadata["profile"] = dict(p.metadata)
+        # how steady each timing was (IQR / median) and how often it was measured
+        r.metadata["timing_spread"] = {k: round(t.spread, 4) for k, t in
+                                       (("candidate", p.candidate), ("eager", p.eager), ("compile", p.compile)) if t}
+        r.metadata["timing_attempts"] = {k: t.attempts for k, t in
+                                         (("candidate", p.candidate), ("eager", p.eager), ("compile", p.compile)) if t}
     if outcome.verify is not None and outcome.verify.metadata:
         r.metadata["verify"] = dict(outcome.verify.metadata)
     # where the time went: build, verification and profiling jobs (seconds)

@@ -78,6 +78,12 @@ class BaselineOptions:
     # change the inputs in place between timed calls, as the candidate's timing does, so that
     # neither side finds its inputs in a cache the other one does not
     perturb_inputs: bool = True
+    # a timing whose spread (IQR / median) exceeds max_spread is repeated, attempts in all,
+    # keeping the steadiest (the host was busy); not part of the cache key
+    max_spread: float = 0.03
+    attempts: int = 3
+    # a cached record whose eager or compile spread exceeds this is measured again (0: never)
+    refresh_spread: float = 0.0
 
 
 def default_cache_dir() -> Path:
@@ -94,7 +100,7 @@ def default_profiler(device: Any) -> str:
 def timing_from(d: dict | None) -> Timing | None:
     if not d:
         return None
-    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms") if k in d})
+    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms", "attempts") if k in d})
 
 
 class BaselineCache:
@@ -271,14 +277,32 @@ def dynamo_frames() -> int:
         return 0
 
 
-def time_model(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None) -> Timing:
+def time_model(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None,
+               max_spread: float = 0.0, attempts: int = 1) -> Timing:
     import torch
+
+    from .profilers.base import time_stably
 
     def fn(*args):
         return model(*args)
 
     with torch.no_grad():
-        return profiler.time(fn, input_sets, device, prepare) if prepare else profiler.time(fn, input_sets, device)
+        return time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts)
+
+
+def time_eager(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None,
+               max_spread: float = 0.0, attempts: int = 1) -> tuple[Timing, Any]:
+    """The eager reference's timing and the profiler every other timing of the task uses
+    (a steadier mode when this one stayed unsteady; see ``profilers.base.time_for_task``)."""
+    import torch
+
+    from .profilers.base import time_for_task
+
+    def fn(*args):
+        return model(*args)
+
+    with torch.no_grad():
+        return time_for_task(profiler, fn, input_sets, device, prepare, max_spread, attempts)
 
 
 def compile_model(model: Any, mode: str = "default") -> Any:
@@ -311,10 +335,17 @@ def warm_compiled(cm: Any, input_sets: list, device: Any, max_rounds: int = 3) -
 
 def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_compile: bool = True,
                   compile_mode: str = "default", cpu_threads: int | None = 1,
-                  perturb_inputs: bool = False) -> tuple[Timing, Timing | None, dict]:
+                  perturb_inputs: bool = False, max_spread: float = 0.0,
+                  attempts: int = 1) -> tuple[Timing, Timing | None, dict]:
     """Eager and compiled timings of an already built reference model, both under the same
     thread setting (see the module docstring), compilation kept out of the timed calls.
-    ``perturb_inputs``: inputs changed in place between timed calls, as for a candidate."""
+    ``perturb_inputs``: inputs changed in place between timed calls, as for a candidate.
+    Timed sections hold the host's quiet lock shared and the compilation holds it
+    exclusively (:mod:`.hostlock`); a timing whose spread exceeds ``max_spread`` is
+    repeated (``attempts`` in all, see :func:`.profilers.base.time_stably`). An eager
+    timing that stays unsteady switches the task to the profiler's steadier mode
+    (``info["timing_mode"]``; see :func:`.profilers.base.time_for_task`)."""
+    from . import hostlock
     from .inputs import perturb_
 
     info: dict[str, Any] = {}
@@ -323,22 +354,37 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
     with timing_threads(device, cpu_threads) as threads:
         if threads is not None:
             info["cpu_threads"] = threads
-        eager = time_model(model, input_sets, device, profiler, prepare)
+        configured = profiler
+        eager, used = time_eager(model, input_sets, device, profiler, prepare, max_spread, attempts)
+        if used is not profiler:  # every timing of this task in the steadier mode
+            info["timing_mode"] = f"{used.method_name()} (eager unsteady in the configured mode)"
+            profiler = used
         comp = None
         if do_compile:
-            t0 = time.perf_counter()
             try:
-                cm = compile_model(model, compile_mode)
-                frames, rounds = warm_compiled(cm, input_sets, device)
-                info["compile_seconds"] = round(time.perf_counter() - t0, 2)
+                with hostlock.cpu_heavy() as waited:
+                    t0 = time.perf_counter()
+                    cm = compile_model(model, compile_mode)
+                    frames, rounds = warm_compiled(cm, input_sets, device)
+                    info["compile_seconds"] = round(time.perf_counter() - t0, 2)
+                if waited > 0.05:
+                    info["compile_waited_seconds"] = round(waited, 2)
                 info["compile_frames_warmup"] = frames
                 before = dynamo_frames()
-                comp = time_model(cm, input_sets, device, profiler, prepare)
+                try:
+                    comp = time_model(cm, input_sets, device, profiler, prepare, max_spread, attempts)
+                except Exception as exc:
+                    if profiler is configured:
+                        raise
+                    # the compiled model cannot be captured: its own timing in the configured mode
+                    info["compile_timing_mode"] = f"{configured.method_name()} ({type(exc).__name__} in the steadier mode)"
+                    profiler = configured
+                    comp = time_model(cm, input_sets, device, profiler, prepare, max_spread, attempts)
                 recompiles = dynamo_frames() - before
                 info["compile_recompiles_during_timing"] = recompiles
                 if recompiles:  # a guard failed inside the timed loop: time again, now compiled
                     before = dynamo_frames()
-                    comp = time_model(cm, input_sets, device, profiler, prepare)
+                    comp = time_model(cm, input_sets, device, profiler, prepare, max_spread, attempts)
                     info["compile_retimed"] = True
                     info["compile_recompiles_during_timing"] = dynamo_frames() - before
             except Exception as exc:  # the task fails under torch.compile: no compile baseline
@@ -368,6 +414,11 @@ def build_reference(ref_mod: Any, device: Any, seed: int) -> tuple[Any, list]:
     with torch.device(torch.device(device)):
         model = ref_mod.Model(*init)
     return model.to(torch.device(device)), init
+
+
+def noisy(rec: dict, max_spread: float) -> bool:
+    """Whether a cached record's eager or compile timing spread exceeds ``max_spread``."""
+    return any((rec.get(k) or {}).get("spread", 0.0) > max_spread for k in ("eager", "compile"))
 
 
 def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
@@ -402,6 +453,8 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
                         o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads, o.perturb_inputs)
     key = BaselineCache.key(fields)
     rec = None if o.force else cache.get(key)
+    if rec is not None and o.refresh_spread > 0 and noisy(rec, o.refresh_spread):
+        rec = None  # measured on a busy host: measure again
     if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
         rec = dict(rec, cached=True)
         return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
@@ -421,7 +474,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
             input_sets = rotation_sets(ref_mod.get_inputs, device, o.seed, o.num_input_sets)
         try:
             eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode,
-                                              o.cpu_threads, o.perturb_inputs)
+                                              o.cpu_threads, o.perturb_inputs, o.max_spread, o.attempts)
         except Exception as exc:
             raise BaselineError(f"reference Model failed to run: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}") from exc
     cache.measured += 1

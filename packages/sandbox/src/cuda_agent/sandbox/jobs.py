@@ -88,6 +88,13 @@ class ProfileOptions:
     num_input_sets: int = 0  # 0 = as many as fit a memory budget (1..4)
     seed: int | None = None  # candidate's input sets; None = fresh each call
     perturb_inputs: bool = True  # change inputs in place between timed calls (untimed)
+    # timings (candidate and baselines) whose spread (IQR / median) exceeds max_spread are
+    # repeated, attempts in all, keeping the steadiest; a task whose eager reference stays
+    # unsteady is timed in the profiler's steadier mode throughout (cuda_events: CUDA-graph
+    # replay); see profilers.base.time_stably and time_for_task
+    max_spread: float = 0.03
+    attempts: int = 3
+    refresh_spread: float = 0.0  # cached baselines noisier than this are measured again (0: never)
     cpu_threads: int = 1  # on the CPU: threads for the baselines and the candidate alike (0 = torch's default)
     spot_check: bool = True
     atol: float = 1e-2
@@ -160,6 +167,9 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
         cache_dir=o.baseline_cache_dir,
         cpu_threads=o.cpu_threads,
         perturb_inputs=o.perturb_inputs,
+        max_spread=o.max_spread,
+        attempts=o.attempts,
+        refresh_spread=o.refresh_spread,
     )
 
 
@@ -181,6 +191,7 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
     import torch
 
     from .profilers import get_profiler
+    from .profilers.base import ProfilerError, profiler_for, time_stably
 
     t0 = time.perf_counter()
     ws = Path(workspace)
@@ -276,8 +287,20 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                 return cand_model(*args)
 
             prepare = (lambda step, args: perturb_(args, step // k)) if o.perturb_inputs else None
+            # the mode the task's eager baseline was timed in (a steadier one when the
+            # configured mode timed the reference unsteadily; see profilers.base.time_for_task)
+            cand_prof = profiler_for(profiler, eager)
+            if cand_prof is not profiler:
+                meta["timing_mode"] = cand_prof.method_name()
             try:
-                cand_timing = profiler.time(run, sets, device, prepare) if prepare else profiler.time(run, sets, device)
+                try:
+                    cand_timing = time_stably(cand_prof, run, sets, device, prepare, o.max_spread, o.attempts)
+                except ProfilerError as exc:
+                    if cand_prof is profiler:
+                        raise
+                    # cannot be captured: timed in the configured mode, unlike its baselines
+                    meta["timing_mode"] = f"{profiler.method_name()} (baselines: {cand_prof.method_name()}; {exc})"[:300]
+                    cand_timing = time_stably(profiler, run, sets, device, prepare, o.max_spread, o.attempts)
             except Exception as exc:
                 return fail(_category(exc), f"ModelNew failed while being timed: {_short_exc(exc, files=(cand_path.name,))}",
                             eager=eager, compile=comp)
@@ -287,7 +310,9 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                     if prepare is not None:
                         perturb_(args, 10**6 + 1)  # a state no timed call saw
                     ref_out = loaded.ref_model(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-                    out = cand_model(*args)
+                    # in graph mode what was timed is the captured graph: check its replay
+                    replayed = cand_prof.replay_output(0) if hasattr(cand_prof, "replay_output") else None
+                    out = replayed if replayed is not None else cand_model(*args)
                     synchronize(device)
                     cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output")
                 except Exception as exc:

@@ -71,6 +71,11 @@ class _PoolExecutor(Executor):
 
     def pool_kwargs(self) -> dict:
         o = self.options
+        init = ["cuda_agent.sandbox.executors.health:warm_plugins"] if o.warm_plugins else []
+        env = {}
+        if o.quiet_timing:  # see cuda_agent.sandbox.hostlock
+            env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
+            init.append("cuda_agent.sandbox.hostlock:open_from_env")
         return dict(
             name=self.name,
             default_timeout=o.timeout or None,
@@ -80,7 +85,8 @@ class _PoolExecutor(Executor):
             start_timeout=o.start_timeout,
             max_jobs_per_worker=o.max_jobs_per_worker,
             lock_dir=(o.lock_dir or default_lock_dir()) if o.exclusive else None,
-            init=["cuda_agent.sandbox.executors.health:warm_plugins"] if o.warm_plugins else [],
+            init=init,
+            env=env,
         )
 
     @property
@@ -146,6 +152,10 @@ class LocalExecutorOptions:
     exclusive: bool = True  # one job per GPU across every pool on this machine (a lock file per GPU)
     lock_dir: str = ""  # where those locks live ("" = <tmp>/cuda-agent-locks)
     warm_cuda: bool = True  # workers create their CUDA context before their first job
+    # timed sections of jobs never overlap CPU-heavy ones (torch.compile of a baseline) of any
+    # job on this machine, in any pool: a host-wide reader/writer lock in lock_dir (see
+    # cuda_agent.sandbox.hostlock)
+    quiet_timing: bool = True
 
 
 def visible_gpus() -> list[str]:
@@ -232,6 +242,7 @@ class CpuExecutorOptions:
     threads: int = 0  # OMP/MKL threads per worker (0: library default)
     exclusive: bool = False  # lock each device label machine-wide (as the GPU pool does)
     lock_dir: str = ""
+    quiet_timing: bool = True  # timed sections never overlap CPU-heavy ones (see LocalExecutorOptions)
 
 
 class CpuExecutor(_PoolExecutor):

@@ -92,6 +92,9 @@ class _Worker:
             "health_check": pool.health_check,
             "init": list(pool.init),
             "memory_limit_mb": pool.memory_limit_mb,
+            # the init steps (CUDA context) run under the device's job lock: a spare making its
+            # context never overlaps a job, a timed one above all, on the same GPU
+            "device_lock": pool.device_lock_path(spec.label),
             "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
         }
         env = dict(os.environ)
@@ -425,8 +428,7 @@ class _Slot:
         import fcntl
 
         os.makedirs(self.pool.lock_dir, exist_ok=True)
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.spec.label)
-        f = open(os.path.join(self.pool.lock_dir, f"device-{safe}.lock"), "a+")
+        f = open(self.pool.device_lock_path(self.spec.label) or "", "a+")
         while True:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -534,6 +536,13 @@ class WorkerPool:
                 slot.warm_up()
         for slot in self._slots:
             slot.thread.start()
+
+    def device_lock_path(self, label: str) -> str | None:
+        """The machine-wide lock file of device ``label`` (None: locking is off)."""
+        if not self.lock_dir:
+            return None
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+        return os.path.join(self.lock_dir, f"device-{safe}.lock")
 
     # -- queue ------------------------------------------------------------------------
 

@@ -19,8 +19,9 @@ def echo(value=None, device: str = "") -> dict:
 
 
 def sleep(seconds: float = 0.1, value=None, device: str = "") -> dict:
+    start = time.monotonic()
     time.sleep(seconds)
-    return echo(value, device)
+    return {**echo(value, device), "start": start, "end": time.monotonic()}
 
 
 def record(path: str, value, seconds: float = 0.0, device: str = "") -> dict:
@@ -29,6 +30,26 @@ def record(path: str, value, seconds: float = 0.0, device: str = "") -> dict:
         f.write(f"{value}\n")
     time.sleep(seconds)
     return echo(value, device)
+
+
+def quiet_section(kind: str, seconds: float, device: str = "") -> dict:
+    """Hold the host's quiet lock (``timing`` or ``cpu_heavy``) for ``seconds``; returns
+    when the section began and ended (``time.monotonic``, shared by all processes)."""
+    from cuda_agent.sandbox import hostlock
+
+    with getattr(hostlock, kind)() as waited:
+        start = time.monotonic()
+        time.sleep(seconds)
+        end = time.monotonic()
+    return {"start": start, "end": end, "waited": waited, "active": hostlock.active()}
+
+
+def mark_init(device: str = "") -> None:
+    """A worker init step: append this process's id and the time to $CUDA_AGENT_TEST_INIT_LOG."""
+    path = os.environ.get("CUDA_AGENT_TEST_INIT_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {time.monotonic()}\n")
 
 
 def hang(device: str = "") -> None:

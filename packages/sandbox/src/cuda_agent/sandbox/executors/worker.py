@@ -18,6 +18,7 @@ after ``ready`` is prepared, so the start-up cost is paid once per worker, befor
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import json
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def resolve(path: str) -> Callable[..., Any]:
@@ -99,6 +100,32 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _device_lock(path: str | None, wait_s: float = 120.0) -> Iterator[None]:
+    """Hold the device's job lock (the pool's per-GPU lock file) for the block; after
+    ``wait_s`` without it (a long job holds it) the block runs anyway."""
+    if not path:
+        yield
+        return
+    import fcntl
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def main(argv: list[str] | None = None) -> int:
     from multiprocessing.connection import Connection
 
@@ -121,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a job that needs it will report the failure itself
             print(f"worker: preloading {mod} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     device = cfg.get("device", "cpu")
-    for fn_path in cfg.get("init") or []:
-        try:
-            resolve(fn_path)(device=device)
-        except Exception as exc:  # the job will meet the same problem and report it
-            print(f"worker: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    with _device_lock(cfg.get("device_lock")):
+        for fn_path in cfg.get("init") or []:
+            try:
+                resolve(fn_path)(device=device)
+            except Exception as exc:  # the job will meet the same problem and report it
+                print(f"worker: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     check = None
     if cfg.get("health_check"):
         check = resolve(cfg["health_check"])

@@ -52,5 +52,81 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def continuous_steps(input_sets: list, prepare: Prepare | None) -> Prepare | None:
+    """``prepare`` with steps that run on across several timings, per input set, as in one
+    long timing: the v-th visit of set i is step v * k + i, so that inputs changed in place
+    keep cycling through their states."""
+    if prepare is None:
+        return None
+    k = max(1, len(input_sets))
+    index = {id(a): i for i, a in enumerate(input_sets)}
+    visits = [0] * k
+
+    def prepare_next(step: int, args: list) -> None:
+        i = index.get(id(args), step % k)
+        prepare(visits[i] * k + i, args)
+        visits[i] += 1
+
+    return prepare_next
+
+
+def time_stably(profiler: Any, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
+                max_spread: float = 0.0, attempts: int = 1, steps: Prepare | None = None) -> Timing:
+    """``profiler.time`` inside the host's quiet lock (:mod:`cuda_agent.sandbox.hostlock`),
+    measured again while the spread stays above ``max_spread`` (at most ``attempts``
+    measurements in all). The steadiest measurement is kept: the one with the lowest spread,
+    so that baselines and candidates, measured under the same rule, are compared by their
+    undisturbed medians. ``steps``: a :func:`continuous_steps` wrapper of ``prepare`` to
+    continue from (made here when not given)."""
+    from .. import hostlock
+
+    if steps is None:
+        steps = continuous_steps(input_sets, prepare)
+    best: Timing | None = None
+    made = 0
+    for _ in range(max(1, int(attempts))):
+        with hostlock.timing():
+            t = profiler.time(fn, input_sets, device, steps) if steps else profiler.time(fn, input_sets, device)
+        made += 1
+        if best is None or t.spread < best.spread:
+            best = t
+        if max_spread <= 0 or best.spread <= max_spread:
+            break
+    assert best is not None
+    best.attempts = made
+    return best
+
+
+def time_for_task(profiler: Any, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
+                  max_spread: float = 0.0, attempts: int = 1) -> tuple[Timing, Any]:
+    """Time a task's eager reference: :func:`time_stably`, then, if it stayed unsteady
+    (spread above ``max_spread`` after every attempt) and the profiler has a steadier mode
+    (``cuda_events``: CUDA-graph replay), once more in that mode. Returns the timing and the
+    profiler that made it: the task's other timings (its compiled baseline, every candidate)
+    use the same one, so that a speedup never compares two modes."""
+    steps = continuous_steps(input_sets, prepare)
+    t = time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts, steps)
+    if max_spread <= 0 or t.spread <= max_spread:
+        return t, profiler
+    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
+    if alt is None:
+        return t, profiler
+    try:
+        steady = time_stably(alt, fn, input_sets, device, prepare, 0.0, 1, steps)
+    except Exception:  # the call cannot be captured: keep the unsteady timing
+        return t, profiler
+    steady.attempts = t.attempts + 1
+    return steady, alt
+
+
+def profiler_for(profiler: Any, eager: Timing | None) -> Any:
+    """The profiler for a task's other timings: the steadier mode when its eager baseline was
+    timed in it (see :func:`time_for_task`), else ``profiler`` itself."""
+    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
+    if alt is None or eager is None:
+        return profiler
+    return alt if eager.method.startswith(alt.method_name()) else profiler
+
+
 def call(fn: Any, args: list) -> Any:
     return fn(*args)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cuda_agent.core.interfaces import Profiler
@@ -97,8 +97,10 @@ class CudaEventsProfiler(Profiler):
             flush = l2_flush_buffer(dev, o.flush_bytes) if o.flush_l2 else None
             stream = torch.cuda.current_stream(dev)
             calls = [lambda a=args: fn(*a) for args in input_sets]
-            graphs = self._capture(fn, input_sets, dev) if o.cuda_graph else None
-            if graphs is not None:
+            graphs = None
+            if o.cuda_graph:
+                graphs, outputs = self._capture(fn, input_sets, dev)
+                self._graphs, self._graph_outputs = graphs, outputs
                 calls = [g.replay for g in graphs]
 
             # warm-up; also the estimate of one call
@@ -169,6 +171,16 @@ class CudaEventsProfiler(Profiler):
             timing.method += "+host"  # most calls left work on other streams: host-timed
         return timing
 
+    def steadier(self) -> "CudaEventsProfiler | None":
+        """CUDA-graph replay: launch timing and the interleaving of work over several streams
+        (cuDNN's FFT convolutions run on three) fixed once at capture."""
+        if self.options.cuda_graph:
+            return None
+        return CudaEventsProfiler(replace(self.options, cuda_graph=True))
+
+    def method_name(self) -> str:
+        return self.name + ("+graph" if self.options.cuda_graph else "")
+
     @staticmethod
     def _sync_latency(dev: Any, stream: Any) -> float:
         """Median of (host time - event time) for a tiny kernel: the cost of seeing the end."""
@@ -189,11 +201,25 @@ class CudaEventsProfiler(Profiler):
             gaps.append(max(0.0, h - e0.elapsed_time(e1)))
         return statistics.median(gaps)
 
-    @staticmethod
-    def _capture(fn: Any, input_sets: list, dev: Any) -> list:
+    def replay_output(self, index: int = 0) -> Any:
+        """In graph mode, after :meth:`time`: replay the graph of input set ``index`` on its
+        inputs as they are now and return what it wrote (its static outputs), so that a
+        caller can check what was timed (a call that ran different work while being
+        captured is caught); None when nothing was captured."""
         import torch
 
-        graphs = []
+        graphs = getattr(self, "_graphs", None)
+        if not graphs:
+            return None
+        graphs[index].replay()
+        torch.cuda.synchronize()
+        return self._graph_outputs[index]
+
+    @staticmethod
+    def _capture(fn: Any, input_sets: list, dev: Any) -> tuple[list, list]:
+        import torch
+
+        graphs, outputs = [], []
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
@@ -205,9 +231,9 @@ class CudaEventsProfiler(Profiler):
             g = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(g):
-                    fn(*args)
+                    outputs.append(fn(*args))
             except Exception as exc:
                 raise ProfilerError(f"cuda_events: CUDA-graph capture failed ({type(exc).__name__}: {exc}); time without cuda_graph") from exc
             graphs.append(g)
         torch.cuda.synchronize(dev)
-        return graphs
+        return graphs, outputs

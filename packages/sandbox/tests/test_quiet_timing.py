@@ -1,0 +1,195 @@
+"""Steady timings: the host's quiet lock and spares making their context under the device
+lock (real worker processes, real file locks); the retry of noisy timings and the switch of
+an unsteady task to the profiler's steadier mode."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cuda_agent.core.types import Timing
+from cuda_agent.sandbox.executors import CpuExecutor, Job
+from cuda_agent.sandbox.executors.local import CpuExecutorOptions
+from cuda_agent.sandbox.executors.pool import DeviceSpec, WorkerPool
+from cuda_agent.sandbox.profilers.base import profiler_for, time_for_task, time_stably
+
+S = "cuda_agent.sandbox.executors.selftest:"
+
+
+def pool3(tmp_path, **kw) -> CpuExecutor:
+    kw.setdefault("preload", [])
+    kw.setdefault("warm_plugins", False)
+    kw.setdefault("timeout", 30.0)
+    ex = CpuExecutor(CpuExecutorOptions(devices="a,b,c", lock_dir=str(tmp_path / "locks"), **kw))
+    ex.start()
+    time.sleep(1.0)  # workers up
+    return ex
+
+
+def section(ex, label: str, kind: str, seconds: float):
+    return ex.submit(Job(S + "quiet_section", {"kind": kind, "seconds": seconds}, label=label))
+
+
+def test_compiling_waits_for_timing_and_timings_share(tmp_path):
+    ex = pool3(tmp_path)
+    try:
+        t1 = section(ex, "a", "timing", 1.0)
+        t2 = section(ex, "b", "timing", 1.0)
+        time.sleep(0.3)
+        heavy = section(ex, "c", "cpu_heavy", 0.5)
+        r1, r2, rh = (f.result(timeout=60) for f in (t1, t2, heavy))
+        assert r1["active"] and rh["active"]
+        # the two timed sections ran together; the compilation began after both had ended
+        assert min(r1["end"], r2["end"]) > max(r1["start"], r2["start"])
+        assert rh["start"] >= max(r1["end"], r2["end"]) - 0.01
+        assert rh["waited"] > 0.3
+        # and a timed section asked for during a compilation waits for its end
+        heavy = section(ex, "a", "cpu_heavy", 1.0)
+        time.sleep(0.3)
+        timed = section(ex, "b", "timing", 0.1)
+        rh, rt = heavy.result(timeout=60), timed.result(timeout=60)
+        assert rt["start"] >= rh["end"] - 0.01 and rt["waited"] > 0.3
+    finally:
+        ex.close()
+
+
+def test_a_waiting_compilation_goes_before_later_timings(tmp_path):
+    """Writer preference: timings arriving after a waiting compilation queue behind it,
+    so a steady stream of timed sections cannot starve it."""
+    ex = pool3(tmp_path)
+    try:
+        first = section(ex, "a", "timing", 1.2)
+        time.sleep(0.3)
+        heavy = section(ex, "b", "cpu_heavy", 0.6)
+        time.sleep(0.3)
+        later = section(ex, "c", "timing", 0.1)
+        rf, rh, rl = (f.result(timeout=60) for f in (first, heavy, later))
+        assert rh["start"] >= rf["end"] - 0.01
+        assert rl["start"] >= rh["end"] - 0.01
+    finally:
+        ex.close()
+
+
+def test_quiet_timing_off_means_no_lock(tmp_path):
+    ex = pool3(tmp_path, quiet_timing=False)
+    try:
+        heavy = section(ex, "a", "cpu_heavy", 0.8)
+        time.sleep(0.2)
+        timed = section(ex, "b", "timing", 0.1)
+        rh, rt = heavy.result(timeout=60), timed.result(timeout=60)
+        assert not rh["active"] and rt["end"] < rh["end"]
+    finally:
+        ex.close()
+
+
+def test_spare_makes_its_context_under_the_device_lock(tmp_path, monkeypatch):
+    """A spare started while a job runs on its device waits for the job's end before its
+    init steps (the CUDA context on a GPU)."""
+    log = tmp_path / "init.log"
+    monkeypatch.setenv("CUDA_AGENT_TEST_INIT_LOG", str(log))
+    pool = WorkerPool([DeviceSpec(label="gpu5", device="cpu")], name="t", spares=1, recycle="always",
+                      init=[S + "mark_init"], lock_dir=str(tmp_path / "locks"), default_timeout=30)
+    try:
+        time.sleep(1.0)  # the first two workers are up
+        # back to back: after the quick job its worker is replaced, and the new spare starts
+        # while the long job runs on the promoted one
+        quick = pool.submit(Job(S + "echo"))
+        busy = pool.submit(Job(S + "sleep", {"seconds": 1.5}))
+        quick.result(timeout=60)
+        b = busy.result(timeout=60)
+        time.sleep(1.0)
+        inits = [float(line.split()[1]) for line in log.read_text().split("\n") if line.strip()]
+        assert len(inits) == 4, inits  # 2 at the start, one after each job
+        inside = [t for t in inits if b["start"] + 0.02 < t < b["end"] - 0.02]
+        assert not inside, (inits, b["start"], b["end"])
+    finally:
+        pool.close()
+
+
+class ScriptedProfiler:
+    """A profiler whose measurements have the spreads given, in turn (the retry rule's
+    input); ``steady`` is its steadier mode's spread (None: it has none, or capture fails
+    when "fail")."""
+
+    name = "scripted"
+
+    def __init__(self, spreads, steady=None, graph=False):
+        self.spreads = list(spreads)
+        self.steady = steady
+        self.graph = graph
+
+    def method_name(self):
+        return "scripted+graph" if self.graph else "scripted"
+
+    def steadier(self):
+        if self.graph or self.steady is None:
+            return None
+        return ScriptedProfiler([self.steady], graph=True)
+
+    def time(self, fn, input_sets, device=None, prepare=None):
+        for j in range(6):  # six timed calls, sets in rotation
+            if prepare is not None:
+                prepare(j, input_sets[j % len(input_sets)])
+            fn(*input_sets[j % len(input_sets)])
+        s = self.spreads.pop(0)
+        if s == "fail":
+            raise RuntimeError("capture failed")
+        return Timing(median_ms=1.0 + s, spread=s, iterations=6, method=self.method_name())
+
+
+def test_noisy_timings_are_repeated_and_the_steadiest_kept():
+    sets = [[1], [2], [3]]
+    prof = ScriptedProfiler([0.30, 0.02, 0.20])
+    seen: list[tuple[int, int]] = []
+    t = time_stably(prof, lambda x: x, sets, "cpu", lambda step, args: seen.append((step, args[0])),
+                    max_spread=0.05, attempts=3)
+    assert t.attempts == 2 and t.spread == 0.02  # the second one was steady: no third
+    # prepare's steps ran on across the two measurements: set i saw steps i, i+3, i+6, i+9
+    assert [s for s, v in seen if v == 1] == [0, 3, 6, 9]
+    assert [s for s, v in seen if v == 3] == [2, 5, 8, 11]
+
+    t = time_stably(ScriptedProfiler([0.3, 0.2, 0.25]), lambda x: x, sets, "cpu", max_spread=0.05, attempts=3)
+    assert t.attempts == 3 and t.spread == 0.2  # never steady: the steadiest of three
+    t = time_stably(ScriptedProfiler([0.3]), lambda x: x, sets, "cpu", max_spread=0.0, attempts=3)
+    assert t.attempts == 1  # no threshold: measured once
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_attempts_below_one_still_measure_once(bad):
+    t = time_stably(ScriptedProfiler([0.5]), lambda x: x, [[1]], "cpu", max_spread=0.05, attempts=bad)
+    assert t.attempts == 1
+
+
+def test_an_unsteady_task_switches_to_the_steadier_mode_throughout():
+    sets = [[1], [2]]
+    prof = ScriptedProfiler([0.3, 0.2], steady=0.001)
+    seen: list[int] = []
+    t, used = time_for_task(prof, lambda x: x, sets, "cpu", lambda step, args: seen.append(step),
+                            max_spread=0.05, attempts=2)
+    assert used is not prof and used.graph and t.method == "scripted+graph" and t.attempts == 3
+    assert seen == list(range(18))  # three timings of six calls: the steps ran on
+    # the task's other timings (compiled baseline, candidates) follow the eager one's mode
+    assert profiler_for(prof, t).graph
+    plain = Timing(median_ms=1.0, spread=0.01, method="scripted")
+    assert profiler_for(prof, plain) is prof and profiler_for(prof, None) is prof
+
+    # steady in the configured mode: no switch; no steadier mode or a failed capture: keep
+    t, used = time_for_task(ScriptedProfiler([0.01], steady=0.001), lambda x: x, sets, "cpu", max_spread=0.05, attempts=2)
+    assert not used.graph and t.attempts == 1
+    t, used = time_for_task(ScriptedProfiler([0.3, 0.2]), lambda x: x, sets, "cpu", max_spread=0.05, attempts=2)
+    assert not used.graph and t.spread == 0.2
+    t, used = time_for_task(ScriptedProfiler([0.3, 0.2], steady="fail"), lambda x: x, sets, "cpu",
+                            max_spread=0.05, attempts=2)
+    assert not used.graph and t.spread == 0.2 and t.method == "scripted"
+
+
+def test_baselines_record_the_switch():
+    torch = pytest.importorskip("torch")
+    from cuda_agent.sandbox.baselines import measure_model
+
+    sets = [[torch.randn(8)], [torch.randn(8)]]
+    eager, comp, info = measure_model(torch.nn.ReLU(), sets, "cpu", ScriptedProfiler([0.3, 0.2], steady=0.001),
+                                      do_compile=False, max_spread=0.05, attempts=2, perturb_inputs=True)
+    assert eager.method == "scripted+graph" and comp is None
+    assert info["timing_mode"].startswith("scripted+graph")
