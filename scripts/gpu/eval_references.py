@@ -86,6 +86,8 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
         ov.append(f"eval.profile.options.baseline_cache_dir={Path(args.cache).resolve()}")
     if not args.progress:
         ov.append("eval.progress=false")
+    if args.refresh_spread:
+        ov.append(f"eval.profile.options.refresh_spread={args.refresh_spread}")
     return ov + list(args.overrides)
 
 
@@ -111,6 +113,8 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None)
     for t in new:
         for k, v in ((t["metadata"].get("verify") or {}).get("phase_seconds") or {}).items():
             phases.setdefault(k, []).append(v)
+    noisy = [t["task_id"] for t in new if max((t["metadata"].get("timing_spread") or {}).values(), default=0) > 0.05]
+    repeated = [t["task_id"] for t in new if max((t["metadata"].get("timing_attempts") or {}).values(), default=1) > 1]
     return {
         "tasks": len(tasks),
         "scored_this_call": len(new),
@@ -123,6 +127,8 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None)
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
         "speedup_vs_eager_off_by_10pct": far,
         "verify_phase_median_seconds": {k: round(statistics.median(v), 3) for k, v in phases.items()},
+        "timings_repeated": len(repeated),  # a noisy measurement was taken again
+        "timing_spread_over_5pct": noisy,  # still unsteady after the repeats (candidate or baseline)
     }
 
 
@@ -141,13 +147,15 @@ def print_table(report: dict, summary: dict) -> None:
             f"{fmt(q.get('median')):>16} {near:>20}"
         )
     print()
-    for key in ("tasks", "scored_this_call", "devices", "wall_seconds", "wall_per_task", "job_seconds_per_task",
-                "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds"):
+    for key in ("tasks", "scored_this_call", "devices", "shards", "longest_shard_seconds", "wall_seconds", "wall_per_task", "job_seconds_per_task",
+                "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds", "timings_repeated"):
         print(f"{key:<26} {summary.get(key)}")
     if summary["not_correct"]:
         print(f"not correct ({len(summary['not_correct'])}):")
         for line in summary["not_correct"][:20]:
             print("  " + line)
+    if summary.get("timing_spread_over_5pct"):
+        print(f"timing spread > 5%: {len(summary['timing_spread_over_5pct'])}: " + ", ".join(summary["timing_spread_over_5pct"][:15]))
     if summary["speedup_vs_eager_off_by_10pct"]:
         print(f"correct but >10% from 1x vs eager: {len(summary['speedup_vs_eager_off_by_10pct'])}: "
               + ", ".join(summary["speedup_vs_eager_off_by_10pct"][:15]))
@@ -158,18 +166,21 @@ def merge(dirs: list[str], out_dir: Path) -> None:
     from cuda_agent.evaluation.runner import ResultStore
 
     results, env, info = {}, None, {"title": "KernelBench references scored as solutions (merged)", "label": "references"}
-    wall = 0.0
+    walls = []
     for d in dirs:
         results.update(ResultStore(Path(d) / "results.jsonl").load())
         data = json.loads((Path(d) / "results.json").read_text()) if (Path(d) / "results.json").exists() else {}
         env = env or data.get("environment")
-        wall += float(data.get("info", {}).get("wall_seconds") or 0)
+        walls.append(float(data.get("info", {}).get("wall_seconds") or 0))
         info.setdefault("devices", data.get("info", {}).get("devices"))
+    wall = sum(walls)  # device-seconds when each shard had its own GPU(s)
     info["wall_seconds"] = wall
     info["merged_from"] = dirs
     report = build_report(list(results.values()), info=info, environment=env)
     paths = write_reports(report, out_dir)
     summary = summarize(report, wall, len(results))
+    summary["shards"] = len(dirs)
+    summary["longest_shard_seconds"] = round(max(walls, default=0.0), 1)  # the wall time when shards ran side by side
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_table(report, summary)
     print("\n" + "\n".join(f"{k}: {v}" for k, v in paths.items()))
@@ -221,6 +232,8 @@ def main() -> None:
     ap.add_argument("--cache", default=str(REPO / ".cache" / "baselines"),
                     help="baseline cache folder (default: .cache/baselines in the checkout, kept between calls)")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    ap.add_argument("--refresh-spread", type=float, default=0.0,
+                    help="measure cached baselines again whose spread (IQR/median) exceeds this, e.g. 0.05")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
 
