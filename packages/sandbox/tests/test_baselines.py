@@ -140,6 +140,25 @@ def test_result_caching_does_not_pay(relu_ws, tmp_path):
     assert v.ok or v.failure is FailureCategory.WRONG_RESULT
 
 
+PARTIAL_CACHING_CHEAT = CACHING_CHEAT.replace(
+    "        key = x.data_ptr()\n",
+    "        key = x.data_ptr()\n"
+    "        _memo.setdefault('first', key)\n"
+    "        if key == _memo['first']:  # the first input set honestly, the others from the cache\n"
+    "            y = torch.empty_like(x)\n"
+    "            kernels.relu(x, y, x.numel())\n"
+    "            return y\n",
+)
+
+
+def test_caching_on_some_input_sets_does_not_pay(relu_ws, tmp_path):
+    """The spot check after timing covers every timed input set, not just the first."""
+    (Path(relu_ws.root) / "model_new.py").write_text(PARTIAL_CACHING_CHEAT)
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert r.metadata["input_sets"] > 1
+    assert not r.ok and r.failure is FailureCategory.WRONG_RESULT and "input set" in r.message, r.message
+
+
 def test_profile_reports_crash(relu_ws, tmp_path):
     (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu").replace("x.numel())", "x.numel(), 1)"))
     r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))

@@ -304,25 +304,28 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
             except Exception as exc:
                 return fail(_category(exc), f"ModelNew failed while being timed: {_short_exc(exc, files=(cand_path.name,))}",
                             eager=eager, compile=comp)
-            if o.spot_check:
-                try:
-                    args = sets[0]
-                    if prepare is not None:
-                        perturb_(args, 10**6 + 1)  # a state no timed call saw
-                    ref_out = loaded.ref_model(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-                    # in graph mode what was timed is the captured graph: check its replay
-                    replayed = cand_prof.replay_output(0) if hasattr(cand_prof, "replay_output") else None
-                    out = replayed if replayed is not None else cand_model(*args)
-                    synchronize(device)
-                    cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output")
-                except Exception as exc:
-                    return fail(_category(exc), f"spot check after timing failed: {_short_exc(exc)}", eager=eager, compile=comp,
-                                candidate=cand_timing)
-                meta["spot_check"] = "passed" if cmp.ok else "failed"
-                if not cmp.ok:
-                    return fail(FailureCategory.WRONG_RESULT,
-                                f"wrong result on inputs changed between timed calls (results cached?): {cmp.message}",
-                                eager=eager, compile=comp, candidate=cand_timing)
+            if o.spot_check:  # every input set: a candidate may treat the timed sets differently
+                cmp = None
+                for i, args in enumerate(sets):
+                    try:
+                        if prepare is not None:
+                            perturb_(args, 10**6 + 1)  # a state no timed call saw
+                        ref_out = loaded.ref_model(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+                        # in graph mode what was timed is the captured graph: check its replay
+                        replayed = cand_prof.replay_output(i) if hasattr(cand_prof, "replay_output") else None
+                        out = replayed if replayed is not None else cand_model(*args)
+                        synchronize(device)
+                        cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output")
+                        del ref_out, out, replayed
+                    except Exception as exc:
+                        return fail(_category(exc), f"spot check after timing failed: {_short_exc(exc)}", eager=eager,
+                                    compile=comp, candidate=cand_timing)
+                    if not cmp.ok:
+                        meta["spot_check"] = "failed"
+                        return fail(FailureCategory.WRONG_RESULT,
+                                    f"wrong result on inputs changed between timed calls (results cached?), input set {i}: "
+                                    f"{cmp.message}", eager=eager, compile=comp, candidate=cand_timing)
+                meta["spot_check"] = "passed"
     bad = tampered_fail()  # timed with replaced timers: the numbers mean nothing
     if bad is not None:
         return bad
