@@ -51,6 +51,7 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "eval_references": (["--levels", "1", "--limit", "6", "--no-progress"], 560, "issue 7: scoring references (smoke)", 1),
     "ppo_proof": ([], 480, "issue 8: PPO steps with a ~0.5B model through the agent loop", 1),
     "multi_gpu": ([], 420, "issue 9: pool, data-parallel PPO and sharing over several GPUs", 2),
+    "gpu_tests": ([], 300, "the test suite's GPU-marked tests", 1),
 }
 
 
