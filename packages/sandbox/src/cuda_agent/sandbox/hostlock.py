@@ -16,6 +16,11 @@ the gate exclusively, so that readers arriving after it wait behind it instead o
 starving it. The files are opened once per worker process, before a job gives up root
 rights (a job's private ``/tmp`` hides the host's), from the path the executor passes in
 ``$CUDA_AGENT_QUIET_LOCK``; without it both sections are no-ops.
+
+Per GPU there is one more: a timed section also holds its device's quiet lock shared, and
+a spare worker creating its CUDA context holds it exclusively (``device_quiet``), so that
+no context is made on a GPU while a timing runs there, while verification jobs and the
+gaps between jobs leave spares free to start (``$CUDA_AGENT_DEVICE_QUIET_LOCK``).
 """
 
 from __future__ import annotations
@@ -28,30 +33,62 @@ from contextlib import contextmanager
 from typing import ContextManager, Iterator
 
 ENV = "CUDA_AGENT_QUIET_LOCK"
+DEVICE_ENV = "CUDA_AGENT_DEVICE_QUIET_LOCK"
 
 _fds: tuple[int, int] | None = None  # (gate, main)
 _opened_for: str | None = None
+_device_fd: int | None = None
 _local = threading.local()
 waited_seconds = {"timing": 0.0, "cpu_heavy": 0.0}
 
 
+def _open(path: str) -> int:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
 def open_from_env(device: str = "") -> bool:
-    """Open the lock files named by ``$CUDA_AGENT_QUIET_LOCK`` (a worker's init step)."""
-    global _fds, _opened_for
+    """Open the lock files named by ``$CUDA_AGENT_QUIET_LOCK`` and
+    ``$CUDA_AGENT_DEVICE_QUIET_LOCK`` (a worker's init step)."""
+    global _fds, _opened_for, _device_fd
+    if _device_fd is None and os.environ.get(DEVICE_ENV):
+        _device_fd = _open(os.environ[DEVICE_ENV])
     path = os.environ.get(ENV, "")
     if not path:
         return False
     if _fds is not None and _opened_for == path:
         return True
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    gate = os.open(path + ".gate", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    main = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    _fds, _opened_for = (gate, main), path
+    _fds, _opened_for = (_open(path + ".gate"), _open(path)), path
     return True
 
 
 def active() -> bool:
     return _fds is not None or open_from_env()
+
+
+@contextmanager
+def device_quiet(path: str | None = None, wait_s: float = 120.0) -> Iterator[None]:
+    """Hold this worker's device quiet lock exclusively (a spare creating its CUDA context):
+    no timed section runs on the device meanwhile. After ``wait_s`` without it the block
+    runs anyway. ``path``: the lock file (default: ``$CUDA_AGENT_DEVICE_QUIET_LOCK``)."""
+    path = path or os.environ.get(DEVICE_ENV, "")
+    if not path:
+        yield
+        return
+    fd = _open(path)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _held() -> str | None:
@@ -60,8 +97,21 @@ def _held() -> str | None:
 
 @contextmanager
 def _section(kind: str) -> Iterator[float]:
-    if _held() is not None or not active():  # nested, or no lock configured
+    if _held() is not None:  # nested
         yield 0.0
+        return
+    if not active():  # no host lock configured: the device's alone, if any
+        if kind == "timing" and _device_fd is not None:
+            t0 = time.perf_counter()
+            fcntl.flock(_device_fd, fcntl.LOCK_SH)
+            _local.held = kind
+            try:
+                yield time.perf_counter() - t0
+            finally:
+                _local.held = None
+                fcntl.flock(_device_fd, fcntl.LOCK_UN)
+        else:
+            yield 0.0
         return
     assert _fds is not None
     gate, main = _fds
@@ -79,6 +129,8 @@ def _section(kind: str) -> Iterator[float]:
             fcntl.flock(main, fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
+    if kind == "timing" and _device_fd is not None:  # and no spare makes a context here meanwhile
+        fcntl.flock(_device_fd, fcntl.LOCK_SH)
     waited = time.perf_counter() - t0
     waited_seconds[kind] += waited
     _local.held = kind
@@ -86,6 +138,8 @@ def _section(kind: str) -> Iterator[float]:
         yield waited
     finally:
         _local.held = None
+        if kind == "timing" and _device_fd is not None:
+            fcntl.flock(_device_fd, fcntl.LOCK_UN)
         fcntl.flock(main, fcntl.LOCK_UN)
         if kind == "cpu_heavy":
             fcntl.flock(gate, fcntl.LOCK_UN)

@@ -75,7 +75,6 @@ class _PoolExecutor(Executor):
         env = {}
         if o.quiet_timing:  # see cuda_agent.sandbox.hostlock
             env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
-            init.append("cuda_agent.sandbox.hostlock:open_from_env")
         return dict(
             name=self.name,
             default_timeout=o.timeout or None,

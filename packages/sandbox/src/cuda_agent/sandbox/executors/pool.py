@@ -92,9 +92,9 @@ class _Worker:
             "health_check": pool.health_check,
             "init": list(pool.init),
             "memory_limit_mb": pool.memory_limit_mb,
-            # the init steps (CUDA context) run under the device's job lock: a spare making its
-            # context never overlaps a job, a timed one above all, on the same GPU
-            "device_lock": pool.device_lock_path(spec.label),
+            # the init steps (CUDA context) hold the device's quiet lock: a spare never makes
+            # its context while a job times on the same GPU (cuda_agent.sandbox.hostlock)
+            "device_quiet_lock": pool.device_lock_path(spec.label, "quiet"),
             "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
         }
         env = dict(os.environ)
@@ -537,12 +537,13 @@ class WorkerPool:
         for slot in self._slots:
             slot.thread.start()
 
-    def device_lock_path(self, label: str) -> str | None:
-        """The machine-wide lock file of device ``label`` (None: locking is off)."""
+    def device_lock_path(self, label: str, kind: str = "") -> str | None:
+        """The machine-wide lock file of device ``label``: its job lock, or with ``kind``
+        "quiet" its quiet lock (timed sections against new CUDA contexts); None: locking is off."""
         if not self.lock_dir:
             return None
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-        return os.path.join(self.lock_dir, f"device-{safe}.lock")
+        return os.path.join(self.lock_dir, f"device-{safe}{'.' + kind if kind else ''}.lock")
 
     # -- queue ------------------------------------------------------------------------
 

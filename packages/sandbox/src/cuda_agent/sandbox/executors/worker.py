@@ -18,7 +18,6 @@ after ``ready`` is prepared, so the start-up cost is paid once per worker, befor
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import importlib
 import json
@@ -26,7 +25,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 
 def resolve(path: str) -> Callable[..., Any]:
@@ -100,32 +99,6 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-@contextlib.contextmanager
-def _device_lock(path: str | None, wait_s: float = 120.0) -> Iterator[None]:
-    """Hold the device's job lock (the pool's per-GPU lock file) for the block; after
-    ``wait_s`` without it (a long job holds it) the block runs anyway."""
-    if not path:
-        yield
-        return
-    import fcntl
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 def main(argv: list[str] | None = None) -> int:
     from multiprocessing.connection import Connection
 
@@ -148,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a job that needs it will report the failure itself
             print(f"worker: preloading {mod} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     device = cfg.get("device", "cpu")
-    with _device_lock(cfg.get("device_lock")):
+    if cfg.get("device_quiet_lock"):  # for the jobs' timed sections (cuda_agent.sandbox.hostlock)
+        os.environ["CUDA_AGENT_DEVICE_QUIET_LOCK"] = cfg["device_quiet_lock"]
+    from cuda_agent.sandbox.hostlock import device_quiet, open_from_env
+
+    open_from_env()  # now, before a job gives up root rights and gets a private /tmp
+    # the init steps make the CUDA context: never while a timing runs on this GPU
+    with device_quiet(cfg.get("device_quiet_lock") or None):
         for fn_path in cfg.get("init") or []:
             try:
                 resolve(fn_path)(device=device)
