@@ -21,6 +21,9 @@ Per GPU there is one more: a timed section also holds its device's quiet lock sh
 a spare worker creating its CUDA context holds it exclusively (``device_quiet``), so that
 no context is made on a GPU while a timing runs there, while verification jobs and the
 gaps between jobs leave spares free to start (``$CUDA_AGENT_DEVICE_QUIET_LOCK``).
+
+The descriptors stay open in the job, so candidate code could take a lock itself and hold
+up other jobs' timings; its job's timeout bounds how long.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ _fds: tuple[int, int] | None = None  # (gate, main)
 _opened_for: str | None = None
 _device_fd: int | None = None
 _local = threading.local()
-waited_seconds = {"timing": 0.0, "cpu_heavy": 0.0}
 
 
 def _open(path: str) -> int:
@@ -132,7 +134,6 @@ def _section(kind: str) -> Iterator[float]:
     if kind == "timing" and _device_fd is not None:  # and no spare makes a context here meanwhile
         fcntl.flock(_device_fd, fcntl.LOCK_SH)
     waited = time.perf_counter() - t0
-    waited_seconds[kind] += waited
     _local.held = kind
     try:
         yield waited
