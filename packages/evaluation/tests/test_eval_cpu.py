@@ -165,7 +165,14 @@ def test_score_folder_on_cpu(setup, capsys):
 
     # baselines first: measured once into the cache, where the profiling job finds them
     assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false"]) == 0
-    assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in out and " spread " in out
+    # a noisy record is measured again on request; a steady one stays
+    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
+                 "--refresh-spread", "100"]) == 0
+    assert "(0 measured now, 1 from the cache" in capsys.readouterr().out
+    assert main(["baselines", *overrides(setup), "--refresh-spread", "0"]) != 0
+    assert "--refresh-spread must be > 0" in capsys.readouterr().err
     cfg = compose([], overrides(setup) + ["eval.progress=false"])
     out = evaluate(cfg)
     report = out["report"]

@@ -91,12 +91,15 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
 
 @click.command("baselines", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1)
+@click.option("--refresh-spread", type=float, default=None,
+              help="Measure cached records again whose eager or compile spread (IQR / median) exceeds this, e.g. 0.03.")
 @_with_common
-def baselines_cmd(args, levels, limit, ids, shard, workers) -> None:
+def baselines_cmd(args, refresh_spread, levels, limit, ids, shard, workers) -> None:
     """Measure eager and torch.compile times of a task set and cache them for profiling.
 
     Uses eval.profile.options (precision, profiler, baseline_cache_dir) so that profiling
-    jobs find the records; tasks already cached cost nothing.
+    jobs find the records; tasks already cached cost nothing, unless --refresh-spread
+    finds them unsteady (measured on a busy host).
     """
     from cuda_agent.core.config import compose
 
@@ -104,6 +107,10 @@ def baselines_cmd(args, levels, limit, ids, shard, workers) -> None:
 
     files, overrides = split_args(args)
     overrides += _overrides_from_options(levels, limit, None, None, workers, shard, ids)
+    if refresh_spread is not None:
+        if refresh_spread <= 0:
+            raise ConfigError(f"--refresh-spread must be > 0 (a relative spread such as 0.03), got {refresh_spread}")
+        overrides.append(f"eval.profile.options.refresh_spread={refresh_spread}")
     cfg = compose(files, overrides)
     t0 = time.perf_counter()
     rows = measure_all_baselines(cfg)
@@ -115,13 +122,14 @@ def baselines_cmd(args, levels, limit, ids, shard, workers) -> None:
 
 
 def _baseline_table(rows: Sequence[dict[str, Any]]) -> str:
-    out = [f"{'task':<48} {'eager ms':>10} {'compile ms':>11} {'cached':>7} {'s':>6}  note"]
+    out = [f"{'task':<48} {'eager ms':>10} {'compile ms':>11} {'spread':>7} {'cached':>7} {'s':>6}  note"]
     for r in rows:
         e = f"{r['eager_ms']:.4g}" if r.get("eager_ms") is not None else "—"
         c = f"{r['compile_ms']:.4g}" if r.get("compile_ms") is not None else "—"
+        sp = f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "—"
         secs = f"{r.get('seconds') or 0:.1f}"
-        note = (r.get("error") or "")[:80]
-        out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {('yes' if r.get('cached') else 'no'):>7} {secs:>6}  {note}")
+        note = (r.get("error") or r.get("timing_mode") or "")[:80]
+        out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {sp:>7} {('yes' if r.get('cached') else 'no'):>7} {secs:>6}  {note}")
     return "\n".join(out)
 
 

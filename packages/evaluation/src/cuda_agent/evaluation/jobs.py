@@ -45,6 +45,8 @@ def baselines_chunk(tasks: list[dict], device: str, options: dict | None = None)
                 "compile_ms": row.get("compile_ms"),
                 "cached": bool(row.get("cached")),
                 "error": row.get("error") or row.get("compile_error"),
+                "spread": row.get("spread"),  # the larger of the eager and compile spreads
+                "timing_mode": row.get("timing_mode"),
                 "seconds": round(timing.get(row.get("task"), 0.0), 2),
                 "device": device,
                 "cache_dir": str(cache.dir),

@@ -519,7 +519,8 @@ def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOp
         try:
             eager, comp, rec = measure_baselines_record(code, device, o, cache)
             row.update(eager_ms=eager.median_ms, compile_ms=comp.median_ms if comp else None,
-                       cached=rec.get("cached", False), compile_error=rec.get("compile_error"))
+                       cached=rec.get("cached", False), compile_error=rec.get("compile_error"),
+                       spread=max(eager.spread, comp.spread if comp else 0.0), timing_mode=rec.get("timing_mode"))
         except Exception as exc:  # one broken task must not stop the run
             row.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         finally:
