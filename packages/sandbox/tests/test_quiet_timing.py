@@ -106,7 +106,7 @@ def test_spare_makes_its_context_outside_timed_sections(tmp_path, monkeypatch):
         assert not inside, (inits(), timed)
 
         pool.submit(Job(S + "echo"))
-        plain = pool.submit(Job(S + "sleep", {"seconds": 1.5})).result(timeout=60)
+        plain = pool.submit(Job(S + "sleep", {"seconds": 3.0})).result(timeout=60)
         time.sleep(1.0)
         assert any(plain["start"] < t < plain["end"] for t in inits()), (inits(), plain)
     finally:
