@@ -66,6 +66,21 @@ def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
     assert "cuda_agent.sandbox.verify.compare_outputs" in v.message
 
 
+def test_replaced_profiler_method_is_refused(executor, ws):
+    # the harness's own classes count: a profiler whose time() reports what the candidate likes
+    code = hooked_relu_new(at_import=(
+        "from cuda_agent.sandbox.profilers import wallclock as _w\n"
+        "_real = _w.WallclockProfiler.time\n"
+        "def _fast(self, *a, **k):\n"
+        "    t = _real(self, *a, **k)\n"
+        "    t.median_ms /= 100\n"
+        "    return t\n"
+        "_w.WallclockProfiler.time = _fast"))
+    p = job(executor, ws, "profile", code)
+    assert not p.ok and p.failure is FailureCategory.FORBIDDEN_OP, p.message
+    assert "WallclockProfiler.time" in p.message
+
+
 def test_patch_inside_forward_is_caught_after_the_run(executor, ws):
     code = hooked_relu_new(in_forward="torch.Tensor.allclose = lambda self, other, *a, **k: True")
     v = job(executor, ws, "verify", code)

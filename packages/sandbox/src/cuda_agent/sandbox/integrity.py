@@ -29,7 +29,8 @@ MODULES = (
     "cuda_agent.sandbox.profilers.cuda_events", "cuda_agent.sandbox.profilers.torch_profiler",
     "cuda_agent.sandbox.profilers.wallclock",
 )
-# classes (by module and name) whose methods the harness calls
+# classes (by module and name) whose methods the harness calls; the classes defined in the
+# cuda_agent modules above (profilers above all) are guarded too
 CLASSES = (
     ("torch", "Tensor"), ("torch.cuda", "Event"), ("torch.cuda", "Stream"), ("torch.nn", "Module"),
 )
@@ -45,6 +46,10 @@ def _targets() -> list[tuple[str, dict]]:
             except Exception:  # not installed here (torch on a CPU-only core install): nothing to guard
                 continue
         out.append((name, vars(mod)))
+        if name.startswith("cuda_agent."):  # the harness's own classes: profilers, options, results
+            for cls in list(vars(mod).values()):
+                if isinstance(cls, type) and cls.__module__ == name:
+                    out.append((f"{name}.{cls.__name__}", _resolved(cls)))
     for mod_name, cls_name in CLASSES:
         mod = sys.modules.get(mod_name)
         cls = getattr(mod, cls_name, None) if mod is not None else None
