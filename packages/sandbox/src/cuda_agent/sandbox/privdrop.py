@@ -160,9 +160,9 @@ def _private_mounts(ws: Path) -> str:
     if os.environ.get(MOUNTS_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return f"switched off by {MOUNTS_ENV}"
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNS) != 0:
-            return f"no mount namespace: {os.strerror(ctypes.get_errno())}"
+        why = _unshare(_CLONE_NEWNS, "mount")
+        if why:
+            return why
         from .sandboxes import _launch
 
         # /dev/shm too: other jobs' and the host's shared-memory segments stay out of reach
@@ -179,12 +179,17 @@ def _cut_network() -> str:
     server and no abstract unix socket. Returns "" on success, else why not."""
     if os.environ.get(NETWORK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return f"kept by {NETWORK_ENV}"
+    return _unshare(_CLONE_NEWNET, "network")
+
+
+def _unshare(flag: int, what: str) -> str:
+    """unshare(2) this process's ``what`` namespace; "" on success, else why not."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) != 0:
-            return f"no network namespace: {os.strerror(ctypes.get_errno())}"
+        if libc.unshare(flag) != 0:
+            return f"no {what} namespace: {os.strerror(ctypes.get_errno())}"
     except (OSError, AttributeError) as exc:
-        return f"no network namespace: {exc}"
+        return f"no {what} namespace: {exc}"
     return ""
 
 
