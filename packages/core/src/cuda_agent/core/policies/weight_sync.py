@@ -35,7 +35,9 @@ def write_weights(named_tensors: Iterable[tuple[str, Any]], directory: str | Pat
     tensors = {}
     for name, t in named_tensors:
         # a copy per name: tied weights share storage, which safetensors refuses to save
-        tensors[name] = t.detach().to("cpu").contiguous().clone()
+        # (moving a GPU tensor to the CPU copies it already; only a CPU tensor needs the clone)
+        c = t.detach().to("cpu").contiguous()
+        tensors[name] = c.clone() if c.data_ptr() == t.data_ptr() else c
     if not tensors:
         raise ValueError("no weights to write")
     path = directory / f"{PREFIX}{version:06d}.safetensors"
