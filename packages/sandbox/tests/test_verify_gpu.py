@@ -113,11 +113,12 @@ def test_cuda_single_file_verify_and_profile(files, tmp_path):
 
 
 CAPTURE_CHEAT = SOLUTION.replace(
-    "            return ext.FN(x)",
-    "            if torch.cuda.is_current_stream_capturing():  # no work while a graph is captured\n"
-    "                return torch.empty_like(x)\n"
-    "            return ext.relu(x)",
+    "        return ext.FN(x)",
+    "        if torch.cuda.is_current_stream_capturing():  # no work while a graph is captured\n"
+    "            return torch.empty_like(x)\n"
+    "        return ext.relu(x)",
 )
+assert CAPTURE_CHEAT != SOLUTION
 
 
 @pytest.mark.gpu
@@ -134,8 +135,8 @@ def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     assert honest.candidate.method.startswith("cuda_events+graph") and honest.metadata["timing_mode"] == "cuda_events+graph"
     assert 0.5 < honest.speedup_vs_eager() < 2.0
     p = files / "sol_capture_cheat.py"
-    p.write_text(CAPTURE_CHEAT.replace("FN", "relu").replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "")
-                 .replace("EXTRA_FN", "").replace("NAME", "_cc"))
+    p.write_text(CAPTURE_CHEAT.replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "").replace("EXTRA_FN", "")
+                 .replace("NAME", "_cc").replace("FN", "relu"))
     assert verify_file(str(p), ref, "cuda", VerifyOptions(seed=1)).ok  # eagerly it is correct
     cheat = profile_file(str(p), ref, "cuda", opts)
     assert not cheat.ok and cheat.failure is FailureCategory.WRONG_RESULT, cheat.message
