@@ -91,15 +91,19 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
     return ov + list(args.overrides)
 
 
-def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None) -> dict:
+def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
+              device_seconds: float | None = None) -> dict:
     """Wall time and where it went.
 
     ``job`` seconds are measured inside the verification and profiling jobs (the work a GPU
     must do); per-task overhead is the device time not spent in a job:
-    ``(wall * devices - sum(job seconds)) / tasks`` over the tasks scored by this call.
+    ``(device_seconds - sum(job seconds)) / tasks`` over the tasks scored by this call, where
+    ``device_seconds`` is ``wall * devices`` unless given (merged shards: the sum over shards).
     """
     tasks = report["tasks"]
     devices = int(report["info"].get("devices") or 1)
+    if device_seconds is None:
+        device_seconds = wall * devices
     new = [t for t in tasks if new_ids is None or t["task_id"] in new_ids]
     job = [
         (t["metadata"].get("verify_seconds", 0) or 0) + (t["metadata"].get("profile_seconds", 0) or 0)
@@ -122,7 +126,8 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None)
         "wall_seconds": round(wall, 1),
         "wall_per_task": round(wall / n, 2),
         "job_seconds_per_task": round(sum(job) / n, 2),
-        "overhead_per_task": round(max(0.0, wall * devices - sum(job)) / n, 2),
+        "device_seconds": round(device_seconds, 1),
+        "overhead_per_task": round(max(0.0, device_seconds - sum(job)) / n, 2),
         "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
         "speedup_vs_eager_off_by_10pct": far,
@@ -147,9 +152,10 @@ def print_table(report: dict, summary: dict) -> None:
             f"{fmt(q.get('median')):>16} {near:>20}"
         )
     print()
-    for key in ("tasks", "scored_this_call", "devices", "shards", "longest_shard_seconds", "wall_seconds", "wall_per_task", "job_seconds_per_task",
-                "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds", "timings_repeated"):
-        print(f"{key:<26} {summary.get(key)}")
+    for key in ("tasks", "scored_this_call", "devices", "shards", "shard_seconds", "wall_seconds", "device_seconds", "wall_per_task",
+                "job_seconds_per_task", "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds", "timings_repeated"):
+        if summary.get(key) is not None:
+            print(f"{key:<26} {summary[key]}")
     if summary["not_correct"]:
         print(f"not correct ({len(summary['not_correct'])}):")
         for line in summary["not_correct"][:20]:
@@ -162,25 +168,28 @@ def print_table(report: dict, summary: dict) -> None:
 
 
 def merge(dirs: list[str], out_dir: Path) -> None:
+    from cuda_agent.core.run import session_seconds
     from cuda_agent.evaluation.report import build_report, write_reports
     from cuda_agent.evaluation.runner import ResultStore
 
     results, env, info = {}, None, {"title": "KernelBench references scored as solutions (merged)", "label": "references"}
-    walls = []
+    walls, device_seconds, devices = [], 0.0, 0
     for d in dirs:
         results.update(ResultStore(Path(d) / "results.jsonl").load())
         data = json.loads((Path(d) / "results.json").read_text()) if (Path(d) / "results.json").exists() else {}
         env = env or data.get("environment")
-        walls.append(float(data.get("info", {}).get("wall_seconds") or 0))
-        info.setdefault("devices", data.get("info", {}).get("devices"))
-    wall = sum(walls)  # device-seconds when each shard had its own GPU(s)
-    info["wall_seconds"] = wall
-    info["merged_from"] = dirs
+        shard = data.get("info", {})
+        # every session of a resumed run folder, a killed one too (up to its last log line)
+        walls.append(max(float(shard.get("wall_seconds") or 0), session_seconds(Path(d) / "log.jsonl")))
+        devices += int(shard.get("devices") or 1)
+        device_seconds += walls[-1] * int(shard.get("devices") or 1)
+    wall = max(walls, default=0.0)  # the wall time when the shards ran side by side
+    info.update(wall_seconds=wall, devices=devices, merged_from=dirs)
     report = build_report(list(results.values()), info=info, environment=env)
     paths = write_reports(report, out_dir)
-    summary = summarize(report, wall, len(results))
+    summary = summarize(report, wall, len(results), device_seconds=device_seconds)
     summary["shards"] = len(dirs)
-    summary["longest_shard_seconds"] = round(max(walls, default=0.0), 1)  # the wall time when shards ran side by side
+    summary["shard_seconds"] = [round(w, 1) for w in walls]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_table(report, summary)
     print("\n" + "\n".join(f"{k}: {v}" for k, v in paths.items()))

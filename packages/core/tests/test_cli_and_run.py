@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from cuda_agent.core import runlog
@@ -75,3 +76,23 @@ def test_run_records_failure_status(tmp_path):
         pass
     events = [json.loads(line) for line in (run.dir / "log.jsonl").read_text().splitlines()]
     assert events[-1]["status"] == "failed"
+
+
+def test_session_seconds_add_up_every_session_of_a_run_folder(tmp_path):
+    """A resumed run knows how long its earlier sessions ran, a killed one (no run.end) up to
+    its last log line; lines that are not JSON events are skipped."""
+    from cuda_agent.core.run import session_seconds
+
+    log = tmp_path / "log.jsonl"
+    lines = [
+        {"event": "run.start", "timestamp": "2026-01-01T00:00:00Z"},
+        {"event": "eval.task", "timestamp": "2026-01-01T00:01:40Z"},  # killed here: 100 s
+        {"event": "run.start", "timestamp": "2026-01-01T05:00:00Z"},
+        {"event": "run.end", "timestamp": "2026-01-01T05:00:20.5Z"},  # 20.5 s
+    ]
+    log.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\nnot json\n" + "\n".join(json.dumps(x) for x in lines[2:]))
+    assert session_seconds(log) == pytest.approx(120.5)
+    assert session_seconds(tmp_path / "missing.jsonl") == 0.0
+    cfg = compose([], [f"run.output_dir={tmp_path}", "logging.console=false", f"run.resume={tmp_path}"])
+    (tmp_path / "config.yaml").write_text("{}")
+    assert Run(cfg, command="unit").earlier_seconds == pytest.approx(120.5)

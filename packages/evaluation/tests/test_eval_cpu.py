@@ -240,6 +240,9 @@ def test_cli_resume_after_kill(setup):
     assert len(ids) == len(set(ids)), f"a finished task was scored again: {ids}"
     assert {x["task_id"]: x["failure"] for x in lines} == EXPECTED
     assert "faster than compile" in res.stdout and (run_dir / "report.html").exists()
+    # the reported wall time covers both sessions: the interrupted one counts too
+    info = json.loads((run_dir / "results.json").read_text())["info"]
+    assert info["wall_seconds"] > info["wall_seconds_this_session"] > 0
 
 
 def test_agent_episode_scored_by_its_best_candidate(setup):

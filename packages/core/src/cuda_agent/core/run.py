@@ -22,7 +22,8 @@ class Run:
 
     ``with Run(cfg, command="eval") as run:`` creates ``<output_dir>/<id>/`` (or reopens
     ``run.resume``), saves ``config.yaml`` and ``plugins.json``, writes ``log.jsonl`` and
-    calls the ``on_run_start``/``on_run_end`` hooks.
+    calls the ``on_run_start``/``on_run_end`` hooks. ``earlier_seconds``: the time the
+    folder's earlier sessions ran (before a resume), from their log.
     """
 
     def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None):
@@ -36,12 +37,14 @@ class Run:
                 raise ConfigError(f"run.resume={resume}: not a run folder (no config.yaml)")
             self.id = self.dir.name
             self.resumed = True
+            self.earlier_seconds = session_seconds(self.dir / "log.jsonl")
         else:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             name = config.run.get("name") or command
             self.id = f"{stamp}-{name}-{uuid.uuid4().hex[:6]}"
             self.dir = Path(config.run.output_dir) / self.id
             self.resumed = False
+            self.earlier_seconds = 0.0
         self.status = "ok"
         self._logfile = None
         self.log = runlog.get_logger()
@@ -83,3 +86,33 @@ class Run:
 
     def container(self) -> Any:
         return OmegaConf.to_container(self.config, resolve=True)
+
+
+def _timestamp(line: str) -> tuple[str, float] | None:
+    try:
+        rec = json.loads(line)
+        return rec.get("event", ""), _dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def session_seconds(log_path: Path) -> float:
+    """Seconds run by the sessions recorded in a run's ``log.jsonl``: each session spans from
+    its ``run.start`` event to the last event before the next one, so a session that was
+    killed counts up to its last log line."""
+    if not Path(log_path).is_file():
+        return 0.0
+    total, start, last = 0.0, None, None
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        got = _timestamp(line)
+        if got is None:
+            continue
+        event, ts = got
+        if event == "run.start":
+            if start is not None and last is not None:
+                total += max(0.0, last - start)
+            start = ts
+        last = ts
+    if start is not None and last is not None:
+        total += max(0.0, last - start)
+    return total

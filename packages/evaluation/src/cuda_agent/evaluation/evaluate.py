@@ -232,7 +232,8 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
         info.update(
             title=e.get("title") or f"KernelBench evaluation: {run.id}",
             label=e.get("label") or label,
-            wall_seconds=round(wall, 2),
+            wall_seconds=round(run.earlier_seconds + wall, 2),  # all sessions of the run folder
+            wall_seconds_this_session=round(wall, 2),
             tasks_selected=len(tasks),
             tasks_scored=len(results),
             workers=workers,
