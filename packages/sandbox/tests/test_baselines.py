@@ -72,6 +72,53 @@ def test_noisy_cached_baselines_are_measured_again_on_request(tmp_path):
     assert kept["cached"] and fresh.measured == 1
 
 
+def test_records_of_an_older_timing_rule_are_checked_once(tmp_path):
+    """A record measured before the current timing rule stands when the rule would keep it
+    (it is then stamped, and not checked again) and is measured again when it would not: a
+    spread above today's limit."""
+    import json
+
+    from cuda_agent.sandbox.baselines import TIMING_RULE, measure_baselines_record
+
+    cache = BaselineCache(tmp_path / "cache")
+    _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
+    assert rec["timing_rule"] == TIMING_RULE
+    path = cache.path(rec["key"])
+    stored = json.loads(path.read_text())
+    del stored["timing_rule"]
+    stored["eager"]["spread"] = 0.0  # steady
+    path.write_text(json.dumps(stored))
+    fresh = BaselineCache(tmp_path / "cache")
+    _, _, kept = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), fresh)
+    assert kept["cached"] and fresh.measured == 0 and json.loads(path.read_text())["timing_rule"] == TIMING_RULE
+
+    stored["eager"]["spread"] = 0.02  # within the old rule's 3%, above today's 1%
+    path.write_text(json.dumps(stored))
+    fresh = BaselineCache(tmp_path / "cache")
+    _, _, redone = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, max_spread=0.5), fresh)
+    assert redone["cached"]  # under a looser limit it stands
+    path.write_text(json.dumps(stored))  # unstamped again
+    fresh = BaselineCache(tmp_path / "cache")
+    _, _, redone = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, max_spread=0.01), fresh)
+    assert not redone["cached"] and fresh.measured == 1
+
+
+def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
+    from test_quiet_timing import ScriptedProfiler
+
+    from cuda_agent.sandbox.baselines import still_valid
+
+    rec = {"eager": {"spread": 0.001, "method": "scripted"}, "compile": {"spread": 0.002, "method": "scripted"}}
+    assert still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.01)
+    assert not still_valid(rec, ScriptedProfiler([], steady=0.001, reason="work on 3 parallel branches"), None, [[1]], "cpu", 0.01)
+    # already in the steadier mode, no steadier mode, or a check that fails: it stands
+    graph = dict(rec, eager={"spread": 0.001, "method": "scripted+graph"})
+    assert still_valid(graph, ScriptedProfiler([], steady=0.001, reason="streams"), None, [[1]], "cpu", 0.01)
+    assert still_valid(rec, ScriptedProfiler([], reason="streams"), None, [[1]], "cpu", 0.01)
+    assert still_valid(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01)
+    assert not still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.0015)  # compile too noisy
+
+
 def test_compile_baseline_on_cpu(tmp_path):
     cache = BaselineCache(tmp_path / "cache")
     eager, comp = measure_baselines(RELU_TASK, "cpu", opts(tmp_path, compile=True), cache)

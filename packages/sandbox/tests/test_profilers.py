@@ -131,3 +131,72 @@ def test_cuda_events_counts_work_on_other_streams():
     blind = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, all_streams=False)).time(escaping, [[x]], "cuda")
     assert seen.median_ms > 0.7 * base.median_ms
     assert blind.median_ms < 0.5 * base.median_ms
+
+
+# cudaGraphDebugDotPrint's shape: a cluster per graph, nodes with attributes, then edges
+CHAIN_DOT = """digraph dot {
+subgraph cluster_1 {
+label="graph_1" graph[style="dashed"];
+"graph_1_node_0"[style="solid" shape="rectangle" label="0
+KERNEL
+vectorized_elementwise_kernel"];
+"graph_1_node_1"[style="solid" shape="rectangle" label="1
+MEMSET"];
+"graph_1_node_0" -> "graph_1_node_1" [headlabel=0];
+"graph_1_node_2"[style="solid" shape="rectangle" label="2
+KERNEL"];
+"graph_1_node_1" -> "graph_1_node_2" [headlabel=0];
+}
+}
+"""
+
+FORK_DOT = CHAIN_DOT.replace(
+    '"graph_1_node_1" -> "graph_1_node_2" [headlabel=0];',
+    '"graph_1_node_0" -> "graph_1_node_2" [headlabel=0];\n"graph_1_node_3"[label="3"];\n'
+    '"graph_1_node_1" -> "graph_1_node_3";\n"graph_1_node_2" -> "graph_1_node_3";',
+)
+
+
+def test_parallel_branches_of_a_graph():
+    from cuda_agent.sandbox.profilers.cuda_events import parallel_branches
+
+    assert parallel_branches(CHAIN_DOT) == 1
+    assert parallel_branches(FORK_DOT) == 2  # node 0 forks to 1 and 2, which join at 3
+    two_roots = 'digraph dot {\n"a"[label="x"];\n"b"[label="y"];\n"c"[label="z"];\n"a" -> "c";\n"b" -> "c";\n}'
+    assert parallel_branches(two_roots) == 2
+    lone = 'digraph dot {\n"a"[label="x"];\n"b"[label="y"];\n}'
+    assert parallel_branches(lone) == 2  # two nodes with nothing between them run at once
+    assert parallel_branches("digraph dot {\n}\n") == 0
+
+
+def test_only_cuda_events_has_a_reason_up_front():
+    assert WallclockProfiler().steadier_reason(torch.relu, [[torch.randn(4)]], "cpu") == ""
+    graph = CudaEventsProfiler(CudaEventsProfiler.Options(cuda_graph=True))
+    assert graph.steadier() is None and graph.steadier_reason(torch.relu, [[torch.randn(4)]], "cuda") == ""
+
+
+@pytest.mark.gpu
+def test_work_forked_onto_a_second_stream_is_timed_by_graph_replay():
+    from cuda_agent.sandbox.profilers.base import time_for_task
+
+    side = torch.cuda.Stream()
+    x = torch.randn(2048, 2048, device="cuda")
+
+    def chain(x):
+        return (x @ x).relu_()
+
+    def forked(x):  # half the work on a side stream, joined before returning
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x @ x
+        z = x.sin()
+        torch.cuda.current_stream().wait_stream(side)
+        return y + z
+
+    prof = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=50))
+    assert prof.steadier_reason(chain, [[x]], "cuda") == ""
+    assert prof.steadier_reason(forked, [[x]], "cuda").startswith("work on 2 parallel branches")
+    t, used = time_for_task(prof, forked, [[x]], "cuda", None, 0.01, 3)
+    assert used.options.cuda_graph and t.method == "cuda_events+graph" and "parallel" in t.mode_reason
+    t, used = time_for_task(prof, chain, [[x]], "cuda", None, 0.01, 3)
+    assert not used.options.cuda_graph and t.method == "cuda_events"

@@ -116,14 +116,22 @@ def test_spare_makes_its_context_outside_timed_sections(tmp_path, monkeypatch):
 class ScriptedProfiler:
     """A profiler whose measurements have the spreads given, in turn (the retry rule's
     input); ``steady`` is its steadier mode's spread (None: it has none, or capture fails
-    when "fail")."""
+    when "fail"); ``reason``: what its up-front check says ("raise": the check fails)."""
 
     name = "scripted"
 
-    def __init__(self, spreads, steady=None, graph=False):
+    def __init__(self, spreads, steady=None, graph=False, reason=""):
         self.spreads = list(spreads)
         self.steady = steady
         self.graph = graph
+        self.reason = reason
+        self.checked = 0
+
+    def steadier_reason(self, fn, input_sets, device=None):
+        self.checked += 1
+        if self.reason == "raise":
+            raise RuntimeError("capture failed")
+        return self.reason
 
     def method_name(self):
         return "scripted+graph" if self.graph else "scripted"
@@ -174,6 +182,7 @@ def test_an_unsteady_task_switches_to_the_steadier_mode_throughout():
     t, used = time_for_task(prof, lambda x: x, sets, "cpu", lambda step, args: seen.append(step),
                             max_spread=0.05, attempts=2)
     assert used is not prof and used.graph and t.method == "scripted+graph" and t.attempts == 3
+    assert t.mode_reason == "unsteady: spread 20.0% after 2 attempt(s)" and prof.checked == 1
     assert seen == list(range(18))  # three timings of six calls: the steps ran on
     # the task's other timings (compiled baseline, candidates) follow the eager one's mode
     assert profiler_for(prof, t).graph
@@ -190,6 +199,27 @@ def test_an_unsteady_task_switches_to_the_steadier_mode_throughout():
     assert not used.graph and t.spread == 0.2 and t.method == "scripted"
 
 
+def test_a_task_with_a_reason_up_front_is_timed_in_the_steadier_mode_only():
+    """Work on parallel streams (the profiler's check) decides the mode before any timing:
+    no measurement in the configured mode is made or kept, however steady it would be."""
+    sets = [[1], [2]]
+    prof = ScriptedProfiler([0.001], steady=0.002, reason="work on 3 parallel branches (several streams)")
+    t, used = time_for_task(prof, lambda x: x, sets, "cpu", max_spread=0.05, attempts=2)
+    assert used.graph and t.method == "scripted+graph" and t.attempts == 1
+    assert t.mode_reason.startswith("work on 3 parallel branches") and prof.spreads == [0.001]  # never used
+    # a check that fails decides nothing; a profiler without a steadier mode is not asked
+    t, used = time_for_task(ScriptedProfiler([0.01], steady=0.002, reason="raise"), lambda x: x, sets, "cpu",
+                            max_spread=0.05, attempts=2)
+    assert not used.graph and t.mode_reason == ""
+    plain = ScriptedProfiler([0.01], reason="streams")
+    t, used = time_for_task(plain, lambda x: x, sets, "cpu", max_spread=0.05, attempts=2)
+    assert used is plain and plain.checked == 0
+    # the steadier mode cannot capture the call: a normal timing after all
+    t, used = time_for_task(ScriptedProfiler([0.01], steady="fail", reason="streams"), lambda x: x, sets, "cpu",
+                            max_spread=0.05, attempts=2)
+    assert not used.graph and t.method == "scripted" and t.spread == 0.01
+
+
 def test_baselines_record_the_switch():
     torch = pytest.importorskip("torch")
     from cuda_agent.sandbox.baselines import measure_model
@@ -198,4 +228,4 @@ def test_baselines_record_the_switch():
     eager, comp, info = measure_model(torch.nn.ReLU(), sets, "cpu", ScriptedProfiler([0.3, 0.2], steady=0.001),
                                       do_compile=False, max_spread=0.05, attempts=2, perturb_inputs=True)
     assert eager.method == "scripted+graph" and comp is None
-    assert info["timing_mode"].startswith("scripted+graph")
+    assert info["timing_mode"].startswith("scripted+graph (unsteady: spread 20.0%")

@@ -58,6 +58,12 @@ class Profiler(Component):
         unsteady is timed in that mode throughout: baselines and candidates alike."""
         return None
 
+    def steadier_reason(self, fn: Any, input_sets: list, device: Any = None) -> str:
+        """Why a task should be timed in the :meth:`steadier` mode from the start, whatever
+        its spread (``cuda_events``: its work runs on parallel branches, whose overlap depends
+        on host timing); "" when there is no such reason or it cannot be told."""
+        return ""
+
     def method_name(self) -> str:
         """The ``Timing.method`` this profiler's timings start with."""
         return self.name

@@ -104,6 +104,7 @@ class Timing:
     method: str = ""
     samples_ms: list[float] = field(default_factory=list)
     attempts: int = 1  # measurements made; more than one when a noisy one was repeated
+    mode_reason: str = ""  # why a task's timings switched to the profiler's steadier mode
 
 
 @dataclass

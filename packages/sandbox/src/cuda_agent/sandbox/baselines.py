@@ -80,7 +80,7 @@ class BaselineOptions:
     perturb_inputs: bool = True
     # a timing whose spread (IQR / median) exceeds max_spread is repeated, attempts in all,
     # keeping the steadiest (the host was busy); not part of the cache key
-    max_spread: float = 0.03
+    max_spread: float = 0.01
     attempts: int = 3
     # a cached record whose eager or compile spread exceeds this is measured again (0: never)
     refresh_spread: float = 0.0
@@ -100,7 +100,7 @@ def default_profiler(device: Any) -> str:
 def timing_from(d: dict | None) -> Timing | None:
     if not d:
         return None
-    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms", "attempts") if k in d})
+    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms", "attempts", "mode_reason") if k in d})
 
 
 class BaselineCache:
@@ -357,7 +357,7 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
         configured = profiler
         eager, used = time_eager(model, input_sets, device, profiler, prepare, max_spread, attempts)
         if used is not profiler:  # every timing of this task in the steadier mode
-            info["timing_mode"] = f"{used.method_name()} (eager unsteady in the configured mode)"
+            info["timing_mode"] = f"{used.method_name()} ({eager.mode_reason or 'eager unsteady in the configured mode'})"
             profiler = used
         comp = None
         if do_compile:
@@ -421,6 +421,29 @@ def noisy(rec: dict, max_spread: float) -> bool:
     return any((rec.get(k) or {}).get("spread", 0.0) > max_spread for k in ("eager", "compile"))
 
 
+# The rule that picks a task's timing mode (profilers.base.time_for_task), recorded with each
+# measurement. 1: steadier mode when the eager timing stays above max_spread (3% then);
+# 2: also when the profiler names a reason up front (cuda_events: parallel streams).
+TIMING_RULE = 2
+
+
+def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> bool:
+    """Whether a record measured under an older :data:`TIMING_RULE` stands under the current
+    one: its spreads are within ``max_spread`` and, timed in the profiler's normal mode, the
+    profiler names no reason for its steadier mode. Costs one check (a graph capture), no
+    timing."""
+    if max_spread > 0 and noisy(rec, max_spread):
+        return False
+    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
+    eager_method = (rec.get("eager") or {}).get("method", "")
+    if alt is None or eager_method.startswith(alt.method_name()):
+        return True
+    try:
+        return not profiler.steadier_reason(model, input_sets, device)
+    except Exception:  # the check cannot run: it decides nothing, as when measuring
+        return True
+
+
 def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
                       cache: BaselineCache | None = None, model: Any = None, input_sets: list | None = None,
                       init_inputs: Any = None) -> tuple[Timing, Timing | None]:
@@ -455,12 +478,12 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
     rec = None if o.force else cache.get(key)
     if rec is not None and o.refresh_spread > 0 and noisy(rec, o.refresh_spread):
         rec = None  # measured on a busy host: measure again
-    if rec is not None and (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
-        rec = dict(rec, cached=True)
-        return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
+    if rec is not None and not (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
+        rec = None
     profiler = get_profiler(prof_name, o.profiler_options)
-    t0 = time.perf_counter()
-    with precision_context(o.precision) as flags, torch.no_grad():
+
+    def reference() -> tuple[Any, list]:
+        nonlocal ref_mod, model, input_sets
         if model is None:
             if ref_mod is None:
                 ref_mod = _load_code(model_code, cache.dir)
@@ -472,6 +495,23 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
             if ref_mod is None:
                 ref_mod = _load_code(model_code, cache.dir)
             input_sets = rotation_sets(ref_mod.get_inputs, device, o.seed, o.num_input_sets)
+        return model, input_sets
+
+    if rec is not None and int(rec.get("timing_rule") or 1) < TIMING_RULE:
+        # measured under an older timing rule: kept (and stamped) if it stands under this one
+        with precision_context(o.precision), torch.no_grad():
+            valid = still_valid(rec, profiler, *reference(), device, o.max_spread)
+        if valid:
+            rec = dict(rec, timing_rule=TIMING_RULE)
+            cache.put(key, rec)
+        else:
+            rec = None
+    if rec is not None:
+        rec = dict(rec, cached=True)
+        return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
+    t0 = time.perf_counter()
+    with precision_context(o.precision) as flags, torch.no_grad():
+        model, input_sets = reference()
         try:
             eager, comp, info = measure_model(model, input_sets, device, profiler, o.compile, o.compile_mode,
                                               o.cpu_threads, o.perturb_inputs, o.max_spread, o.attempts)
@@ -488,6 +528,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
         "inputs": describe(input_sets[0]),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.perf_counter() - t0, 2),
+        "timing_rule": TIMING_RULE,
         **info,
     }
     cache.put(key, rec)

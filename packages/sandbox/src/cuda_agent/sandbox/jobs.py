@@ -92,7 +92,7 @@ class ProfileOptions:
     # repeated, attempts in all, keeping the steadiest; a task whose eager reference stays
     # unsteady is timed in the profiler's steadier mode throughout (cuda_events: CUDA-graph
     # replay); see profilers.base.time_stably and time_for_task
-    max_spread: float = 0.03
+    max_spread: float = 0.01
     attempts: int = 3
     refresh_spread: float = 0.0  # cached baselines noisier than this are measured again (0: never)
     cpu_threads: int = 1  # on the CPU: threads for the baselines and the candidate alike (0 = torch's default)
@@ -292,6 +292,8 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
             cand_prof = profiler_for(profiler, eager)
             if cand_prof is not profiler:
                 meta["timing_mode"] = cand_prof.method_name()
+                if eager is not None and eager.mode_reason:
+                    meta["timing_mode_reason"] = eager.mode_reason
             try:
                 try:
                     cand_timing = time_stably(cand_prof, run, sets, device, prepare, o.max_spread, o.attempts)

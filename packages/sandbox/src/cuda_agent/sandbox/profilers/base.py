@@ -99,23 +99,36 @@ def time_stably(profiler: Any, fn: Any, input_sets: list, device: Any = None, pr
 
 def time_for_task(profiler: Any, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
                   max_spread: float = 0.0, attempts: int = 1) -> tuple[Timing, Any]:
-    """Time a task's eager reference: :func:`time_stably`, then, if it stayed unsteady
-    (spread above ``max_spread`` after every attempt) and the profiler has a steadier mode
-    (``cuda_events``: CUDA-graph replay), once more in that mode. Returns the timing and the
-    profiler that made it: the task's other timings (its compiled baseline, every candidate)
-    use the same one, so that a speedup never compares two modes."""
+    """Time a task's eager reference and choose the mode for all of the task's timings.
+
+    If the profiler has a steadier mode (``cuda_events``: CUDA-graph replay), the task is
+    timed in it when the profiler names a reason up front (:meth:`steadier_reason`: work on
+    parallel streams) or when the normal mode stays unsteady (spread above ``max_spread``
+    after every attempt of :func:`time_stably`). Returns the timing and the profiler that
+    made it: the task's other timings (its compiled baseline, every candidate) use the same
+    one, so that a speedup never compares two modes. ``Timing.mode_reason`` says why."""
     steps = continuous_steps(input_sets, prepare)
-    t = time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts, steps)
-    if max_spread <= 0 or t.spread <= max_spread:
-        return t, profiler
     alt = profiler.steadier() if hasattr(profiler, "steadier") else None
-    if alt is None:
-        return t, profiler
+    reason = ""
+    if alt is not None and hasattr(profiler, "steadier_reason"):
+        try:
+            reason = profiler.steadier_reason(fn, input_sets, device) or ""
+        except Exception:  # a check that cannot run decides nothing
+            reason = ""
+    t: Timing | None = None
+    if not reason:
+        t = time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts, steps)
+        if alt is None or max_spread <= 0 or t.spread <= max_spread:
+            return t, profiler
+        reason = f"unsteady: spread {t.spread:.1%} after {t.attempts} attempt(s)"
     try:
-        steady = time_stably(alt, fn, input_sets, device, prepare, 0.0, 1, steps)
-    except Exception:  # the call cannot be captured: keep the unsteady timing
+        steady = time_stably(alt, fn, input_sets, device, prepare, max_spread, attempts, steps)
+    except Exception:  # the call cannot be captured: keep (or make) a normal timing
+        if t is None:
+            t = time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts, steps)
         return t, profiler
-    steady.attempts = t.attempts + 1
+    steady.attempts += t.attempts if t is not None else 0
+    steady.mode_reason = reason
     return steady, alt
 
 

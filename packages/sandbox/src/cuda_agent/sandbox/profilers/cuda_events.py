@@ -25,11 +25,17 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   median, with the interquartile range over the median as spread.
 * ``cuda_graph``: each input set's call is captured once into a CUDA graph and the
   replays are timed -- for microsecond kernels whose launch overhead would dominate.
+* :meth:`CudaEventsProfiler.steadier_reason`: a call whose captured graph has parallel
+  branches (work forked onto several streams, as in cuDNN's FFT convolutions) overlaps them
+  as far as the host's launches run ahead, so its event times differ between processes
+  even when each process's samples agree; such a task is timed by graph replay throughout.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +57,34 @@ def _device(device: Any):
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+_DOT_EDGE = re.compile(r'^\s*"([^"]+)"\s*->\s*"([^"]+)"')
+_DOT_NODE = re.compile(r'^\s*"([^"]+)"\s*\[')
+
+
+def parallel_branches(dot: str) -> int:
+    """How many branches of a CUDA graph (as ``cudaGraphDebugDotPrint`` writes it) can run at
+    once, as far as it shows in one place: the largest number of roots, of successors of a
+    node or of predecessors of a node. 1 for a chain (one stream), 0 for an empty graph."""
+    nodes: set[str] = set()
+    succ: dict[str, int] = {}
+    pred: dict[str, int] = {}
+    for line in dot.splitlines():
+        m = _DOT_EDGE.match(line)
+        if m:
+            a, b = m.groups()
+            nodes.update((a, b))
+            succ[a] = succ.get(a, 0) + 1
+            pred[b] = pred.get(b, 0) + 1
+            continue
+        m = _DOT_NODE.match(line)
+        if m:
+            nodes.add(m.group(1))
+    if not nodes:
+        return 0
+    roots = sum(1 for n in nodes if n not in pred)
+    return max(roots, max(succ.values(), default=1), max(pred.values(), default=1))
 
 
 def l2_flush_buffer(dev: Any, nbytes: int = 0):
@@ -178,8 +212,50 @@ class CudaEventsProfiler(Profiler):
             return None
         return CudaEventsProfiler(replace(self.options, cuda_graph=True))
 
+    def steadier_reason(self, fn: Any, input_sets: list, device: Any = None) -> str:
+        """Non-empty when one call, captured into a CUDA graph, has parallel branches."""
+        import torch
+
+        if self.options.cuda_graph or not input_sets:
+            return ""
+        dev = _device(device)
+        with torch.cuda.device(dev):
+            dot = self._graph_dot(fn, input_sets[0], dev)
+        n = parallel_branches(dot)
+        return f"work on {n} parallel branches (several streams)" if n > 1 else ""
+
     def method_name(self) -> str:
         return self.name + ("+graph" if self.options.cuda_graph else "")
+
+    @staticmethod
+    def _graph_dot(fn: Any, args: list, dev: Any) -> str:
+        """The DOT text of one call captured into a CUDA graph (after a warm-up call)."""
+        import torch
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            fn(*args)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        g = torch.cuda.CUDAGraph()
+        g.enable_debug_mode()
+        out = None
+        try:
+            with torch.cuda.graph(g):
+                out = fn(*args)
+            torch.cuda.synchronize(dev)
+            with tempfile.TemporaryDirectory(prefix="cuda-graph-") as tmp:
+                path = f"{tmp}/graph.dot"
+                g.debug_dump(path)
+                with open(path, errors="replace") as fh:
+                    return fh.read()
+        finally:
+            del out
+            try:
+                g.reset()
+            except Exception:  # a failed capture leaves nothing to free
+                pass
 
     @staticmethod
     def _sync_latency(dev: Any, stream: Any) -> float:
