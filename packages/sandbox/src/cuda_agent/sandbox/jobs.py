@@ -89,9 +89,9 @@ class ProfileOptions:
     seed: int | None = None  # candidate's input sets; None = fresh each call
     perturb_inputs: bool = True  # change inputs in place between timed calls (untimed)
     # timings (candidate and baselines) whose spread (IQR / median) exceeds max_spread are
-    # repeated, attempts in all, keeping the steadiest; a task whose eager reference stays
-    # unsteady is timed in the profiler's steadier mode throughout (cuda_events: CUDA-graph
-    # replay); see profilers.base.time_stably and time_for_task
+    # repeated, attempts in all, keeping the steadiest; a task whose eager reference runs on
+    # parallel streams or stays unsteady is timed in the profiler's steadier mode throughout
+    # (cuda_events: CUDA-graph replay); see profilers.base.time_stably and time_for_task
     max_spread: float = 0.01
     attempts: int = 3
     refresh_spread: float = 0.0  # cached baselines noisier than this are measured again (0: never)
