@@ -167,6 +167,10 @@ def test_parallel_branches_of_a_graph():
     lone = 'digraph dot {\n"a"[label="x"];\n"b"[label="y"];\n}'
     assert parallel_branches(lone) == 2  # two nodes with nothing between them run at once
     assert parallel_branches("digraph dot {\n}\n") == 0
+    # plain identifiers, attribute statements that are not nodes
+    plain = "digraph g {\ngraph[style=dashed];\nnode[shape=box];\nn0[label=a];\nn1[label=b];\nn2[label=c];\nn0 -> n1;\nn1 -> n2;\n}"
+    assert parallel_branches(plain) == 1
+    assert parallel_branches(plain.replace("n1 -> n2;", "n0 -> n2;")) == 2
 
 
 def test_only_cuda_events_has_a_reason_up_front():

@@ -59,8 +59,10 @@ def _device(device: Any):
     return dev
 
 
-_DOT_EDGE = re.compile(r'^\s*"([^"]+)"\s*->\s*"([^"]+)"')
-_DOT_NODE = re.compile(r'^\s*"([^"]+)"\s*\[')
+_DOT_ID = r'(?:"([^"]+)"|([A-Za-z_][\w.]*))'  # a quoted or a plain DOT identifier
+_DOT_EDGE = re.compile(rf"^\s*{_DOT_ID}\s*->\s*{_DOT_ID}")
+_DOT_NODE = re.compile(rf"^\s*{_DOT_ID}\s*\[")
+_DOT_KEYWORDS = {"graph", "node", "edge", "subgraph", "digraph"}
 
 
 def parallel_branches(dot: str) -> int:
@@ -73,14 +75,14 @@ def parallel_branches(dot: str) -> int:
     for line in dot.splitlines():
         m = _DOT_EDGE.match(line)
         if m:
-            a, b = m.groups()
+            a, b = m.group(1) or m.group(2), m.group(3) or m.group(4)
             nodes.update((a, b))
             succ[a] = succ.get(a, 0) + 1
             pred[b] = pred.get(b, 0) + 1
             continue
         m = _DOT_NODE.match(line)
-        if m:
-            nodes.add(m.group(1))
+        if m and (m.group(1) or m.group(2) not in _DOT_KEYWORDS):  # not graph[...] / node[...]
+            nodes.add(m.group(1) or m.group(2))
     if not nodes:
         return 0
     roots = sum(1 for n in nodes if n not in pred)
