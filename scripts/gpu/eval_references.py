@@ -169,7 +169,7 @@ def print_table(report: dict, summary: dict) -> None:
 
 def merge(dirs: list[str], out_dir: Path) -> None:
     from cuda_agent.core.run import session_seconds
-    from cuda_agent.evaluation.report import build_report, write_reports
+    from cuda_agent.evaluation.report import build_report, timing_modes, write_reports
     from cuda_agent.evaluation.runner import ResultStore
 
     results, env, info = {}, None, {"title": "KernelBench references scored as solutions (merged)", "label": "references"}
@@ -185,6 +185,7 @@ def merge(dirs: list[str], out_dir: Path) -> None:
         device_seconds += walls[-1] * int(shard.get("devices") or 1)
     wall = max(walls, default=0.0)  # the wall time when the shards ran side by side
     info.update(wall_seconds=wall, devices=devices, merged_from=dirs)
+    env = dict(env or {}, timing_modes=timing_modes(results.values()))
     report = build_report(list(results.values()), info=info, environment=env)
     paths = write_reports(report, out_dir)
     summary = summarize(report, wall, len(results), device_seconds=device_seconds)

@@ -171,3 +171,21 @@ def test_html_screenshot(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert _png_size(shot) == (1200, 1600)
     assert shot.stat().st_size > 20_000  # tables and plots, not a blank page
+
+
+def test_reports_count_tasks_per_timing_mode():
+    """A task timed by CUDA-graph replay (its eager reference ran on parallel streams or
+    stayed unsteady) is compared in that mode: the environment says how many were, and why."""
+    from cuda_agent.evaluation.report import collect_environment, timing_modes
+
+    rs = sample_results()
+    for r in rs[:5]:
+        r.metadata = {"profile": {"profiler": "cuda_events"}}
+    rs[0].metadata["profile"].update(timing_mode="cuda_events+graph", timing_mode_reason="work on 3 parallel branches (several streams)")
+    rs[1].metadata["profile"].update(timing_mode="cuda_events+graph", timing_mode_reason="unsteady: spread 4.0% after 3 attempt(s)")
+    rs[3].metadata["profile"].update(timing_mode="cuda_events+graph")  # recorded before reasons were
+    assert timing_modes(rs) == "cuda_events+graph 3 (unsteady 2, parallel streams 1), cuda_events 2"
+    assert timing_modes(sample_results()) == ""  # nothing profiled
+    env = collect_environment(rs)
+    md = render_markdown(build_report(rs, info={"title": "t"}, environment=env))
+    assert "| tasks per timing mode | cuda_events+graph 3 (unsteady 2, parallel streams 1), cuda_events 2 |" in md

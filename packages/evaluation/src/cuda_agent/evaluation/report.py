@@ -62,6 +62,7 @@ ENV_FROM_JOBS = {
 ENV_LABELS = [
     ("precision", "precision policy"),
     ("profiler", "profiler"),
+    ("timing_modes", "tasks per timing mode"),
     ("gpu", "GPU"),
     ("device", "device"),
     ("cpu", "CPU"),
@@ -105,6 +106,31 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def timing_modes(results: Iterable[TaskResult]) -> str:
+    """How many profiled tasks were timed in each profiler mode, with the reasons for a
+    steadier one (see ``profilers.base.time_for_task``), e.g.
+    ``cuda_events 233, cuda_events+graph 17 (unsteady 14, parallel streams 3)``; "" when no
+    task was profiled."""
+    counts: dict[str, int] = {}
+    reasons: dict[str, dict[str, int]] = {}
+    for r in results:
+        md = (r.metadata or {}).get("profile") or {}
+        if not md.get("profiler"):
+            continue
+        mode = str(md.get("timing_mode") or md["profiler"]).split(" ")[0]
+        counts[mode] = counts.get(mode, 0) + 1
+        why = str(md.get("timing_mode_reason") or "")
+        if md.get("timing_mode"):
+            label = "parallel streams" if "parallel" in why else "unsteady"
+            reasons.setdefault(mode, {})
+            reasons[mode][label] = reasons[mode].get(label, 0) + 1
+    parts = []
+    for mode, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        why = ", ".join(f"{k} {v}" for k, v in sorted(reasons.get(mode, {}).items(), key=lambda kv: -kv[1]))
+        parts.append(f"{mode} {n}" + (f" ({why})" if why else ""))
+    return ", ".join(parts)
+
+
 def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None = None) -> dict:
     """What the numbers were measured with.
 
@@ -145,6 +171,9 @@ def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None =
                 seen.setdefault(name, set()).add(str(value))
     for key, values in seen.items():
         env[key] = " | ".join(sorted(values))
+    modes = timing_modes(results)
+    if modes:
+        env["timing_modes"] = modes
     for key, value in (extra or {}).items():
         if value is not None and value != "":
             env.setdefault(key, value)
