@@ -37,6 +37,7 @@ import re
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -247,7 +248,8 @@ class CudaEventsProfiler(Profiler):
             with torch.cuda.graph(g):
                 out = fn(*args)
             torch.cuda.synchronize(dev)
-            with tempfile.TemporaryDirectory(prefix="cuda-graph-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="cuda-graph-") as tmp, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch announces every dump ("DEBUG: calling debug_dump()")
                 path = f"{tmp}/graph.dot"
                 g.debug_dump(path)
                 with open(path, errors="replace") as fh:
