@@ -432,16 +432,14 @@ def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: 
     one: its spreads are within ``max_spread`` and, timed in the profiler's normal mode, the
     profiler names no reason for its steadier mode. Costs one check (a graph capture), no
     timing."""
+    from .profilers.base import reason_up_front, steadier_mode
+
     if max_spread > 0 and noisy(rec, max_spread):
         return False
-    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
-    eager_method = (rec.get("eager") or {}).get("method", "")
-    if alt is None or eager_method.startswith(alt.method_name()):
-        return True
-    try:
-        return not profiler.steadier_reason(model, input_sets, device)
-    except Exception:  # the check cannot run: it decides nothing, as when measuring
-        return True
+    alt = steadier_mode(profiler)
+    if alt is not None and (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
+        return True  # timed in the steadier mode already
+    return not reason_up_front(profiler, model, input_sets, device)
 
 
 def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
@@ -478,8 +476,8 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
     rec = None if o.force else cache.get(key)
     if rec is not None and o.refresh_spread > 0 and noisy(rec, o.refresh_spread):
         rec = None  # measured on a busy host: measure again
-    if rec is not None and not (rec.get("compile") is not None or not o.compile or rec.get("compile_error")):
-        rec = None
+    if rec is not None and o.compile and rec.get("compile") is None and not rec.get("compile_error"):
+        rec = None  # measured without its compiled baseline
     profiler = get_profiler(prof_name, o.profiler_options)
 
     def reference() -> tuple[Any, list]:

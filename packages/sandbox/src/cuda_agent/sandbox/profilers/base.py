@@ -108,13 +108,8 @@ def time_for_task(profiler: Any, fn: Any, input_sets: list, device: Any = None, 
     made it: the task's other timings (its compiled baseline, every candidate) use the same
     one, so that a speedup never compares two modes. ``Timing.mode_reason`` says why."""
     steps = continuous_steps(input_sets, prepare)
-    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
-    reason = ""
-    if alt is not None and hasattr(profiler, "steadier_reason"):
-        try:
-            reason = profiler.steadier_reason(fn, input_sets, device) or ""
-        except Exception:  # a check that cannot run decides nothing
-            reason = ""
+    alt = steadier_mode(profiler)
+    reason = reason_up_front(profiler, fn, input_sets, device)
     t: Timing | None = None
     if not reason:
         t = time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts, steps)
@@ -132,10 +127,27 @@ def time_for_task(profiler: Any, fn: Any, input_sets: list, device: Any = None, 
     return steady, alt
 
 
+def steadier_mode(profiler: Any) -> Any:
+    """The profiler's steadier mode (``Profiler.steadier``), or None."""
+    return profiler.steadier() if hasattr(profiler, "steadier") else None
+
+
+def reason_up_front(profiler: Any, fn: Any, input_sets: list, device: Any = None) -> str:
+    """Why ``fn`` should be timed in the profiler's steadier mode whatever its spread
+    (``Profiler.steadier_reason``); "" when the profiler has no steadier mode, names no
+    reason, or its check cannot run (a check that fails decides nothing)."""
+    if steadier_mode(profiler) is None or not hasattr(profiler, "steadier_reason"):
+        return ""
+    try:
+        return profiler.steadier_reason(fn, input_sets, device) or ""
+    except Exception:
+        return ""
+
+
 def profiler_for(profiler: Any, eager: Timing | None) -> Any:
     """The profiler for a task's other timings: the steadier mode when its eager baseline was
     timed in it (see :func:`time_for_task`), else ``profiler`` itself."""
-    alt = profiler.steadier() if hasattr(profiler, "steadier") else None
+    alt = steadier_mode(profiler)
     if alt is None or eager is None:
         return profiler
     return alt if eager.method.startswith(alt.method_name()) else profiler
