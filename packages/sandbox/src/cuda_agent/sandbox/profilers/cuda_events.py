@@ -82,8 +82,10 @@ def parallel_branches(dot: str) -> int:
             pred[b] = pred.get(b, 0) + 1
             continue
         m = _DOT_NODE.match(line)
-        if m and (m.group(1) or m.group(2) not in _DOT_KEYWORDS):  # not graph[...] / node[...]
-            nodes.add(m.group(1) or m.group(2))
+        if m:
+            quoted, plain = m.groups()
+            if quoted or plain not in _DOT_KEYWORDS:  # graph[...] and node[...] set attributes
+                nodes.add(quoted or plain)
     if not nodes:
         return 0
     roots = sum(1 for n in nodes if n not in pred)
@@ -235,12 +237,7 @@ class CudaEventsProfiler(Profiler):
         """The DOT text of one call captured into a CUDA graph (after a warm-up call)."""
         import torch
 
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            fn(*args)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
+        CudaEventsProfiler._warm_up_for_capture(fn, [args], dev)
         g = torch.cuda.CUDAGraph()
         g.enable_debug_mode()
         out = None
@@ -296,17 +293,25 @@ class CudaEventsProfiler(Profiler):
         return self._graph_outputs[index]
 
     @staticmethod
+    def _warm_up_for_capture(fn: Any, input_sets: list, dev: Any) -> None:
+        """One call per input set on a side stream, outside any capture: lazy initialisation
+        and workspace allocations (cuBLAS, cuDNN) must not happen while capturing."""
+        import torch
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for args in input_sets:
+                fn(*args)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+
+    @staticmethod
     def _capture(fn: Any, input_sets: list, dev: Any) -> tuple[list, list]:
         import torch
 
         graphs, outputs = [], []
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for args in input_sets:  # warm-up outside capture (lazy init, allocations)
-                fn(*args)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
+        CudaEventsProfiler._warm_up_for_capture(fn, input_sets, dev)
         for args in input_sets:
             g = torch.cuda.CUDAGraph()
             try:
