@@ -97,27 +97,7 @@ def _held() -> str | None:
     return getattr(_local, "held", None)
 
 
-@contextmanager
-def _section(kind: str) -> Iterator[float]:
-    if _held() is not None:  # nested
-        yield 0.0
-        return
-    if not active():  # no host lock configured: the device's alone, if any
-        if kind == "timing" and _device_fd is not None:
-            t0 = time.perf_counter()
-            fcntl.flock(_device_fd, fcntl.LOCK_SH)
-            _local.held = kind
-            try:
-                yield time.perf_counter() - t0
-            finally:
-                _local.held = None
-                fcntl.flock(_device_fd, fcntl.LOCK_UN)
-        else:
-            yield 0.0
-        return
-    assert _fds is not None
-    gate, main = _fds
-    t0 = time.perf_counter()
+def _take_host(kind: str, gate: int, main: int) -> None:
     if kind == "cpu_heavy":
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
@@ -131,19 +111,38 @@ def _section(kind: str) -> Iterator[float]:
             fcntl.flock(main, fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-    if kind == "timing" and _device_fd is not None:  # and no spare makes a context here meanwhile
-        fcntl.flock(_device_fd, fcntl.LOCK_SH)
-    waited = time.perf_counter() - t0
-    _local.held = kind
+
+
+def _release_host(kind: str, gate: int, main: int) -> None:
+    fcntl.flock(main, fcntl.LOCK_UN)
+    if kind == "cpu_heavy":
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _section(kind: str) -> Iterator[float]:
+    if _held() is not None:  # nested
+        yield 0.0
+        return
+    host = _fds if active() else None
+    # a timed section also keeps spares from making a CUDA context on its device
+    device = _device_fd if kind == "timing" else None
+    t0 = time.perf_counter()
+    if host is not None:
+        _take_host(kind, *host)
     try:
-        yield waited
+        if device is not None:
+            fcntl.flock(device, fcntl.LOCK_SH)
+        _local.held = kind
+        try:
+            yield time.perf_counter() - t0
+        finally:
+            _local.held = None
+            if device is not None:
+                fcntl.flock(device, fcntl.LOCK_UN)
     finally:
-        _local.held = None
-        if kind == "timing" and _device_fd is not None:
-            fcntl.flock(_device_fd, fcntl.LOCK_UN)
-        fcntl.flock(main, fcntl.LOCK_UN)
-        if kind == "cpu_heavy":
-            fcntl.flock(gate, fcntl.LOCK_UN)
+        if host is not None:
+            _release_host(kind, *host)
 
 
 def timing() -> ContextManager[float]:
