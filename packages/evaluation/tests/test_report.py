@@ -184,6 +184,8 @@ def test_reports_count_tasks_per_timing_mode():
     rs[0].metadata["profile"].update(timing_mode="cuda_events+graph", timing_mode_reason="work on 3 parallel branches (several streams)")
     rs[1].metadata["profile"].update(timing_mode="cuda_events+graph", timing_mode_reason="unsteady: spread 4.0% after 3 attempt(s)")
     rs[3].metadata["profile"].update(timing_mode="cuda_events+graph")  # recorded before reasons were
+    # a candidate that could not be captured: timed in the configured mode after all
+    rs[4].metadata["profile"].update(timing_mode="cuda_events (baselines: cuda_events+graph; capture failed)")
     assert timing_modes(rs) == "cuda_events+graph 3 (unsteady 2, parallel streams 1), cuda_events 2"
     assert timing_modes(sample_results()) == ""  # nothing profiled
     env = collect_environment(rs)

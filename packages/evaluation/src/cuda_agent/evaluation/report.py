@@ -120,7 +120,7 @@ def timing_modes(results: Iterable[TaskResult]) -> str:
         mode = str(md.get("timing_mode") or md["profiler"]).split(" ")[0]
         counts[mode] = counts.get(mode, 0) + 1
         why = str(md.get("timing_mode_reason") or "")
-        if md.get("timing_mode"):
+        if mode != md["profiler"]:  # a steadier mode than the configured one
             label = "parallel streams" if "parallel" in why else "unsteady"
             reasons.setdefault(mode, {})
             reasons[mode][label] = reasons[mode].get(label, 0) + 1
@@ -137,6 +137,7 @@ def collect_environment(results: Iterable[TaskResult] = (), extra: dict | None =
     Values reported by the profiler/verifier jobs (in each result's metadata) win over
     what this process sees: the jobs ran on the measuring machine.
     """
+    results = list(results)  # read twice below
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
