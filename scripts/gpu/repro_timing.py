@@ -123,6 +123,35 @@ def kernel_layout(fn, sets: list, dev) -> dict:
             "top": [f"{n[:50]} x{c}" for n, c in top]}
 
 
+def per_set(options, fn, sets: list, dev) -> dict:
+    """Each input set timed alone and in rotation, by events and by graph replay, with the
+    GPU's clock, power and temperature: tells times that depend on the input set (where its
+    memory lies) from drift over time."""
+    from dataclasses import replace
+
+    import torch
+
+    from cuda_agent.sandbox.profilers import CudaEventsProfiler
+
+    out: dict = {}
+    k = len(sets)
+    for label, graph in (("events", False), ("graph", True)):
+        p = CudaEventsProfiler(replace(options, cuda_graph=graph, keep_samples=1_000_000))
+        rot = p.time(fn, sets, dev)
+        alone = [p.time(fn, [s], dev) for s in sets]
+        out[label] = {"rotation_ms": rot.median_ms, "rotation_spread": rot.spread,
+                      "rotation_by_set_ms": [statistics.median(rot.samples_ms[i::k]) for i in range(k)],
+                      "alone_ms": [t.median_ms for t in alone], "alone_spread": [t.spread for t in alone],
+                      "first_samples_ms": [round(x, 4) for x in rot.samples_ms[:12]]}
+    for key, read in (("sm_clock_mhz", torch.cuda.clock_rate), ("power_mw", torch.cuda.power_draw),
+                      ("temperature_c", torch.cuda.temperature)):
+        try:
+            out[key] = read(dev)
+        except Exception as exc:  # needs pynvml
+            out[key] = f"{type(exc).__name__}"
+    return out
+
+
 def worker(args) -> int:
     import torch
 
@@ -169,6 +198,11 @@ def worker(args) -> int:
                         row["layout"] = kernel_layout(fn, sets, dev)
                     except Exception as exc:  # a diagnostic must not cost the timing
                         row["layout"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                    if "default" in profilers:
+                        try:
+                            row["per_set"] = per_set(profilers["default"].options, fn, sets, dev)
+                        except Exception as exc:
+                            row["per_set"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 for name in methods:
                     before = torch.cuda.memory_stats(dev)
                     if name == "default" and req.get("follow", {}).get(name):
@@ -249,7 +283,8 @@ def main() -> int:
     ap.add_argument("--sequential", action="store_true", help="all problems in process A, then all in B")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(PRESETS)}")
     ap.add_argument("--diagnose", action="store_true",
-                    help="also record each problem's kernel layout (kernels, streams, summed/busy/span time)")
+                    help="also record each problem's kernel layout (kernels, streams, summed/busy/span time) "
+                         "and its input sets timed one by one (per_set)")
     ap.add_argument("--shard", default="", help="i/n: every n-th problem starting at i (0-based), to split over GPUs")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from the JSON files of several shards")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -416,6 +451,20 @@ def report(out: dict) -> None:
                 continue
             print(f"{prob[:43]:<44}{lay['kernels']:>8}{lay['streams']:>8}{lay['sum_ms']:>10.4g}{lay['busy_ms']:>10.4g}"
                   f"{lay['span_ms']:>10.4g}  {'; '.join(lay['top'])}")
+    sets = [(r["problem"], side, out["raw"][side].get(r["problem"], {}).get("per_set")) for r in worst for side in "AB"]
+    if any(ps for _, _, ps in sets):
+        print()
+        print(f"{'input sets timed one by one':<36}{'':>3}{'mode':>7}{'rotation ms':>12}{'spread':>8}  by set in rotation / alone (ms)")
+        for prob, side, ps in sets:
+            if not ps or "error" in ps:
+                print(f"{prob[:35]:<36}{side:>3}  {(ps or {}).get('error', '-')}")
+                continue
+            for mode in ("events", "graph"):
+                m = ps[mode]
+                by = " ".join(f"{x:.4g}" for x in m["rotation_by_set_ms"])
+                alone = " ".join(f"{x:.4g}" for x in m["alone_ms"])
+                print(f"{prob[:35]:<36}{side:>3}{mode:>7}{m['rotation_ms']:>12.4g}{100 * m['rotation_spread']:>7.1f}%  {by} / {alone}")
+            print(f"{'':<39}clock {ps.get('sm_clock_mhz')} MHz, power {ps.get('power_mw')} mW, {ps.get('temperature_c')} C")
     return 0
 
 

@@ -103,6 +103,27 @@ def test_records_of_an_older_timing_rule_are_checked_once(tmp_path):
     assert not redone["cached"] and fresh.measured == 1
 
 
+def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monkeypatch):
+    """A check that fails (say the graph capture cannot be printed) decides nothing: the
+    record is used as it is and checked again next time, never stamped as valid."""
+    import json
+
+    from cuda_agent.sandbox import baselines
+    from cuda_agent.sandbox.baselines import measure_baselines_record
+
+    cache = BaselineCache(tmp_path / "cache")
+    _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
+    path = cache.path(rec["key"])
+    stored = json.loads(path.read_text())
+    del stored["timing_rule"]
+    path.write_text(json.dumps(stored))
+    monkeypatch.setattr(baselines, "still_valid", lambda *a, **k: None)
+    fresh = BaselineCache(tmp_path / "cache")
+    _, _, kept = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), fresh)
+    assert kept["cached"] and fresh.measured == 0
+    assert "timing_rule" not in json.loads(path.read_text())
+
+
 def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     from test_quiet_timing import ScriptedProfiler
 
@@ -111,11 +132,12 @@ def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     rec = {"eager": {"spread": 0.001, "method": "scripted"}, "compile": {"spread": 0.002, "method": "scripted"}}
     assert still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.01)
     assert not still_valid(rec, ScriptedProfiler([], steady=0.001, reason="work on 3 parallel branches"), None, [[1]], "cpu", 0.01)
-    # already in the steadier mode, no steadier mode, or a check that fails: it stands
+    # already in the steadier mode, or no steadier mode: it stands
     graph = dict(rec, eager={"spread": 0.001, "method": "scripted+graph"})
     assert still_valid(graph, ScriptedProfiler([], steady=0.001, reason="streams"), None, [[1]], "cpu", 0.01)
     assert still_valid(rec, ScriptedProfiler([], reason="streams"), None, [[1]], "cpu", 0.01)
-    assert still_valid(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01)
+    # a check that fails decides nothing
+    assert still_valid(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01) is None
     assert not still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.0015)  # compile too noisy
 
 

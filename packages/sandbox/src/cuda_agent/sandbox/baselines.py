@@ -427,19 +427,25 @@ def noisy(rec: dict, max_spread: float) -> bool:
 TIMING_RULE = 2
 
 
-def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> bool:
+def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> bool | None:
     """Whether a record measured under an older :data:`TIMING_RULE` stands under the current
     one: its spreads are within ``max_spread`` and, timed in the profiler's normal mode, the
     profiler names no reason for its steadier mode. Costs one check (a graph capture), no
-    timing."""
-    from .profilers.base import reason_up_front, steadier_mode
+    timing. None when that check could not run: the record is kept as it is, unstamped, and
+    checked again on its next use."""
+    from .profilers.base import steadier_mode
 
     if max_spread > 0 and noisy(rec, max_spread):
         return False
     alt = steadier_mode(profiler)
-    if alt is not None and (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
+    if alt is None or not hasattr(profiler, "steadier_reason"):
+        return True
+    if (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
         return True  # timed in the steadier mode already
-    return not reason_up_front(profiler, model, input_sets, device)
+    try:
+        return not profiler.steadier_reason(model, input_sets, device)
+    except Exception:
+        return None
 
 
 def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
@@ -502,7 +508,7 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
         if valid:
             rec = dict(rec, timing_rule=TIMING_RULE)
             cache.put(key, rec)
-        else:
+        elif valid is False:
             rec = None
     if rec is not None:
         rec = dict(rec, cached=True)

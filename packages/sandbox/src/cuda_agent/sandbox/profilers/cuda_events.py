@@ -33,6 +33,7 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import tempfile
@@ -234,21 +235,36 @@ class CudaEventsProfiler(Profiler):
 
     @staticmethod
     def _graph_dot(fn: Any, args: list, dev: Any) -> str:
-        """The DOT text of one call captured into a CUDA graph (after a warm-up call)."""
+        """The DOT text of one call captured into a CUDA graph (after a warm-up call).
+
+        The graph is kept after capture (``keep_graph``) so that its topology can be
+        printed; torch's ``debug_dump`` is tried first, then the CUDA runtime's
+        ``cudaGraphDebugDotPrint`` on the raw graph. Raises :class:`ProfilerError` naming
+        what was tried when neither writes the file."""
         import torch
 
         CudaEventsProfiler._warm_up_for_capture(fn, [args], dev)
-        g = torch.cuda.CUDAGraph()
+        try:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError:  # torch before keep_graph
+            g = torch.cuda.CUDAGraph()
         g.enable_debug_mode()
         out = None
         try:
             with torch.cuda.graph(g):
                 out = fn(*args)
             torch.cuda.synchronize(dev)
-            with tempfile.TemporaryDirectory(prefix="cuda-graph-") as tmp, warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch announces every dump ("DEBUG: calling debug_dump()")
-                path = f"{tmp}/graph.dot"
+            with tempfile.TemporaryDirectory(prefix="cuda-graph-") as tmp, warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")  # torch announces every dump; kept out of the logs
+                path = os.path.join(tmp, "graph.dot")
+                tried = ["torch debug_dump"]
                 g.debug_dump(path)
+                if not os.path.exists(path):
+                    tried.append(_dot_print(g, path))
+                if not os.path.exists(path):
+                    told = "; ".join(dict.fromkeys(" ".join(str(w.message).split()) for w in said))
+                    raise ProfilerError(f"cuda_events: the captured graph could not be printed as DOT "
+                                        f"(tried {', '.join(tried)}){'; torch said: ' + told if told else ''}")
                 with open(path, errors="replace") as fh:
                     return fh.read()
         finally:
@@ -322,3 +338,40 @@ class CudaEventsProfiler(Profiler):
             graphs.append(g)
         torch.cuda.synchronize(dev)
         return graphs, outputs
+
+
+def _dot_print(graph: Any, path: str) -> str:
+    """Print a kept CUDA graph (``raw_cuda_graph``) as DOT through the CUDA runtime loaded
+    in this process; returns what was tried, with its outcome when it failed."""
+    import ctypes
+
+    what = "cudaGraphDebugDotPrint"
+    try:
+        raw = graph.raw_cuda_graph()
+    except Exception as exc:
+        return f"{what} (no raw graph: {exc})"
+    lib_path = _loaded_library("libcudart.so")
+    if lib_path is None:
+        return f"{what} (libcudart is not loaded in this process)"
+    try:
+        fn = ctypes.CDLL(lib_path).cudaGraphDebugDotPrint
+    except (OSError, AttributeError) as exc:
+        return f"{what} ({exc})"
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint]
+    rc = fn(ctypes.c_void_p(int(raw)), path.encode(), 1)  # 1: cudaGraphDebugDotFlagsVerbose
+    return what if rc == 0 else f"{what} (CUDA error {rc})"
+
+
+def _loaded_library(stem: str) -> str | None:
+    """The path of a shared library whose file name starts with ``stem`` and that this
+    process has mapped (the one torch uses), or None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        pass
+    return None
