@@ -11,6 +11,7 @@ Two worker processes time the same problems with three methods:
 * ``cuda_events`` -- the profiler alone (L2 flushed, inputs rotated, launch overhead and all
   streams counted, median over a set total time); ``--methods`` adds variants
   (``cuda_events_sync``: device synchronised around every call; ``cuda_events_noflush``;
+  ``cuda_events_nosettle``: the fixed warm-up only, without waiting for the clock to level off;
   ``cuda_events_graph``);
 * ``torch_profiler`` -- the paper's method (summed device time under torch.profiler).
 
@@ -55,6 +56,7 @@ PRESETS = {
     "cuda_events_sync": ("cuda_events", {"sync_each": True}),
     "cuda_events_noflush": ("cuda_events", {"flush_l2": False}),
     "cuda_events_graph": ("cuda_events", {"cuda_graph": True}),
+    "cuda_events_nosettle": ("cuda_events", {"settle_ms": 0.0}),  # the fixed warm-up only (timing rule 2)
     "torch_profiler": ("torch_profiler", {}),
 }
 METHODS = ("default", "cuda_events", "torch_profiler")
@@ -217,7 +219,7 @@ def worker(args) -> int:
                     after = torch.cuda.memory_stats(dev)
                     row[name] = {"median_ms": t.median_ms, "spread": t.spread, "iterations": t.iterations, "method": t.method,
                                  # allocator events while timing (cudaMalloc calls and OOM retries stall the queue)
-                                 "mode_reason": t.mode_reason,
+                                 "mode_reason": t.mode_reason, "warmup_ms": t.warmup_ms,
                                  "device_allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
                                  "alloc_retries": after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)}
         except Exception as exc:  # one failing problem must not stop the benchmark

@@ -139,6 +139,9 @@ def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     # a check that fails decides nothing
     assert still_valid(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01) is None
     assert not still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.0015)  # compile too noisy
+    # timed while its per-call time was still falling after the warm-up: measured again
+    assert not still_valid(rec, ScriptedProfiler([], steady=0.001, drift=0.03), None, [[1]], "cpu", 0.01)
+    assert still_valid(rec, ScriptedProfiler([], steady=0.001, drift=0.002), None, [[1]], "cpu", 0.01)
 
 
 def test_compile_baseline_on_cpu(tmp_path):

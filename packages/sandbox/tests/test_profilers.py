@@ -106,6 +106,10 @@ def test_cuda_events_times_a_matmul():
     p = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100))
     t = p.time(torch.matmul, sets, "cuda")
     assert t.median_ms > 0.01 and t.iterations >= 10 and t.spread < 0.2
+    # warmed up for at least the fixed warm-up, at most that plus the settling allowance
+    o = p.options
+    assert o.warmup_ms <= t.warmup_ms <= o.warmup_ms + o.settle_ms + 100
+    assert 0.0 <= p.warmup_drift(torch.matmul, sets, "cuda") < 0.5
     g = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, cuda_graph=True)).time(torch.matmul, sets, "cuda")
     assert g.method.endswith("+graph") and 0.5 < g.median_ms / t.median_ms < 1.5
     tp = TorchProfilerProfiler(TorchProfilerProfiler.Options(target_ms=50, repeats=3)).time(torch.matmul, sets, "cuda")
@@ -204,3 +208,17 @@ def test_work_forked_onto_a_second_stream_is_timed_by_graph_replay():
     assert used.options.cuda_graph and t.method == "cuda_events+graph" and "parallel" in t.mode_reason
     t, used = time_for_task(prof, chain, [[x]], "cuda", None, 0.01, 3)
     assert not used.options.cuda_graph and t.method == "cuda_events"
+
+
+def test_settled_waits_for_per_call_times_to_level_off():
+    from cuda_agent.sandbox.profilers.base import settled, window_calls
+
+    # 1 ms calls, 10 ms windows: ten calls each
+    assert window_calls([1.0] * 5, 10.0) == 10 and window_calls([50.0] * 3, 10.0) == 2
+    assert not settled([1.0] * 19, 10.0, 0.005)  # not yet two windows
+    assert settled([1.0] * 20, 10.0, 0.005)
+    falling_clock = [1.0] * 10 + [1.06] * 10  # faster at first, then throttled
+    assert not settled(falling_clock, 10.0, 0.005)
+    assert settled(falling_clock + [1.06] * 10, 10.0, 0.005)
+    noisy_but_level = [0.98, 1.02] * 10
+    assert settled(noisy_but_level, 10.0, 0.005)

@@ -116,16 +116,21 @@ def test_spare_makes_its_context_outside_timed_sections(tmp_path, monkeypatch):
 class ScriptedProfiler:
     """A profiler whose measurements have the spreads given, in turn (the retry rule's
     input); ``steady`` is its steadier mode's spread (None: it has none, or capture fails
-    when "fail"); ``reason``: what its up-front check says ("raise": the check fails)."""
+    when "fail"); ``reason``: what its up-front check says ("raise": the check fails);
+    ``drift``: how far its per-call time moves after the fixed warm-up."""
 
     name = "scripted"
 
-    def __init__(self, spreads, steady=None, graph=False, reason=""):
+    def __init__(self, spreads, steady=None, graph=False, reason="", drift=0.0):
         self.spreads = list(spreads)
         self.steady = steady
         self.graph = graph
         self.reason = reason
+        self.drift = drift
         self.checked = 0
+
+    def warmup_drift(self, fn, input_sets, device=None):
+        return self.drift
 
     def steadier_reason(self, fn, input_sets, device=None):
         self.checked += 1

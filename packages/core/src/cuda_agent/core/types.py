@@ -105,6 +105,7 @@ class Timing:
     samples_ms: list[float] = field(default_factory=list)
     attempts: int = 1  # measurements made; more than one when a noisy one was repeated
     mode_reason: str = ""  # why a task's timings switched to the profiler's steadier mode
+    warmup_ms: float = 0.0  # how long the profiler warmed up before timing (0: not recorded)
 
 
 @dataclass

@@ -100,7 +100,8 @@ def default_profiler(device: Any) -> str:
 def timing_from(d: dict | None) -> Timing | None:
     if not d:
         return None
-    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms", "attempts", "mode_reason") if k in d})
+    return Timing(**{k: d[k] for k in ("median_ms", "spread", "iterations", "method", "samples_ms", "attempts", "mode_reason",
+                                "warmup_ms") if k in d})
 
 
 class BaselineCache:
@@ -423,26 +424,32 @@ def noisy(rec: dict, max_spread: float) -> bool:
 
 # The rule that picks a task's timing mode (profilers.base.time_for_task), recorded with each
 # measurement. 1: steadier mode when the eager timing stays above max_spread (3% then);
-# 2: also when the profiler names a reason up front (cuda_events: parallel streams).
-TIMING_RULE = 2
+# 2: also when the profiler names a reason up front (cuda_events: parallel streams);
+# 3: warm-up continues until per-call times level off (cuda_events: settle_ms).
+TIMING_RULE = 3
 
 
 def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> bool | None:
     """Whether a record measured under an older :data:`TIMING_RULE` stands under the current
-    one: its spreads are within ``max_spread`` and, timed in the profiler's normal mode, the
-    profiler names no reason for its steadier mode. Costs one check (a graph capture), no
-    timing. None when that check could not run: the record is kept as it is, unstamped, and
+    one: its spreads are within ``max_spread``; the reference's per-call time is level once
+    the profiler's fixed warm-up is over (``warmup_drift`` within ``max_spread / 2``: the
+    older rules timed right after it); and, timed in the profiler's normal mode, the
+    profiler names no reason for its steadier mode. Costs a warm-up and a graph capture, no
+    timing. None when a check could not run: the record is kept as it is, unstamped, and
     checked again on its next use."""
     from .profilers.base import steadier_mode
 
     if max_spread > 0 and noisy(rec, max_spread):
         return False
-    alt = steadier_mode(profiler)
-    if alt is None or not hasattr(profiler, "steadier_reason"):
-        return True
-    if (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
-        return True  # timed in the steadier mode already
     try:
+        if max_spread > 0 and hasattr(profiler, "warmup_drift"):
+            if profiler.warmup_drift(model, input_sets, device) > max_spread / 2:
+                return False
+        alt = steadier_mode(profiler)
+        if alt is None or not hasattr(profiler, "steadier_reason"):
+            return True
+        if (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
+            return True  # timed in the steadier mode already
         return not profiler.steadier_reason(model, input_sets, device)
     except Exception:
         return None

@@ -34,6 +34,25 @@ def summarize(samples_ms: list[float], method: str, keep: int = 200, extra: dict
     return Timing(median_ms=med, spread=spread, iterations=len(samples_ms), method=method, samples_ms=[round(x, 6) for x in kept])
 
 
+def window_calls(times_ms: list[float], window_ms: float) -> int:
+    """How many of the latest calls (at least two) make up ``window_ms``."""
+    recent = statistics.median(times_ms[-3:]) if times_ms else 0.0
+    return max(2, math.ceil(window_ms / recent)) if recent > 0 else 2
+
+
+def settled(times_ms: list[float], window_ms: float, tol: float) -> bool:
+    """Whether per-call times have levelled off: the medians of the last two windows of
+    calls (:func:`window_calls`) differ by at most ``tol`` (relative). Under sustained load
+    a GPU's clock can fall for a while (power capping), so the first calls are faster than
+    the ones that follow."""
+    w = window_calls(times_ms, window_ms)
+    if len(times_ms) < 2 * w:
+        return False
+    a = statistics.median(times_ms[-2 * w:-w])
+    b = statistics.median(times_ms[-w:])
+    return abs(b - a) <= tol * max(a, 1e-12)
+
+
 def iterations_for(estimate_ms: float, target_ms: float, min_iters: int, max_iters: int) -> int:
     if estimate_ms <= 0:
         return max_iters

@@ -20,7 +20,14 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   escaped to another stream: every call is then synchronised and timed on the host, less
   that latency (``method`` gets ``+host``).
 * Warm-up runs until ``warmup_ms`` of calls and ``warmup_iters`` calls have passed (clocks
-  up, caches and lazy initialisation done); the number of timed calls is chosen so that
+  up, caches and lazy initialisation done), and then, for at most ``settle_ms`` more, until
+  the per-call times level off (:func:`settled`: two windows of ``warmup_ms / 2`` agree
+  within ``settle_tol``). Memory-bound kernels that keep an H200 at its power limit run at
+  full clock at first and slower once the clock falls (KernelBench's 29_Softplus: 3.10 ms
+  per call for the first dozen timed calls, a median of 3.3 ms over 60, the SM clock at
+  1770 MHz instead of 1980 afterwards); timed in that transition, the median depended on
+  where the window fell. ``Timing.warmup_ms`` says how long the
+  warm-up took. The number of timed calls is chosen so that
   they add up to ``target_ms`` (between ``min_iters`` and ``max_iters``). The result is the
   median, with the interquartile range over the median as spread.
 * ``cuda_graph``: each input set's call is captured once into a CUDA graph and the
@@ -45,7 +52,7 @@ from typing import Any
 from cuda_agent.core.interfaces import Profiler
 from cuda_agent.core.types import Timing
 
-from .base import Prepare, ProfilerError, iterations_for, no_gc, summarize
+from .base import Prepare, ProfilerError, iterations_for, no_gc, settled, summarize, window_calls
 
 
 def _device(device: Any):
@@ -124,6 +131,8 @@ class CudaEventsProfiler(Profiler):
         sync_each: bool = False  # True: synchronise the device around every call
         escape_slack_ms: float = 0.05
         keep_samples: int = 200
+        settle_ms: float = 1500.0  # longest extra warm-up waiting for per-call times to level off
+        settle_tol: float = 0.005
 
     def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None) -> Timing:
         import torch
@@ -143,23 +152,7 @@ class CudaEventsProfiler(Profiler):
                 self._graphs, self._graph_outputs = graphs, outputs
                 calls = [g.replay for g in graphs]
 
-            # warm-up; also the estimate of one call
-            t_start = time.perf_counter()
-            i = 0
-            while True:
-                e0 = torch.cuda.Event(enable_timing=True)
-                e1 = torch.cuda.Event(enable_timing=True)
-                e0.record(stream)
-                calls[i % k]()
-                e1.record(stream)
-                torch.cuda.synchronize(dev)
-                est = e0.elapsed_time(e1)
-                i += 1
-                elapsed = (time.perf_counter() - t_start) * 1e3
-                if i >= o.warmup_iters and elapsed >= o.warmup_ms:
-                    break
-                if i >= max(o.warmup_iters, 1000):  # very fast calls: enough
-                    break
+            est, warmup_ms, _ = self._warm_up(calls, stream, dev)
             latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
             n = iterations_for(est + 0.0, o.target_ms, o.min_iters, o.max_iters)
 
@@ -207,9 +200,53 @@ class CudaEventsProfiler(Profiler):
                 else:
                     samples.append(ev)
         timing = summarize(samples, self.name + ("+graph" if graphs is not None else ""), o.keep_samples)
+        timing.warmup_ms = round(warmup_ms, 1)
         if escaped > n // 2:
             timing.method += "+host"  # most calls left work on other streams: host-timed
         return timing
+
+    def _warm_up(self, calls: list, stream: Any, dev: Any) -> tuple[float, float, float]:
+        """Warm up (see the module's notes) calling ``calls`` in turn. Returns the estimate of
+        one call, the warm-up's length in ms, and its drift: how far the per-call time moved
+        (relative) from the end of the fixed warm-up to the end of settling."""
+        import torch
+
+        o = self.options
+        k = len(calls)
+        t_start = time.perf_counter()
+        warm: list[float] = []
+        first = None
+        while True:
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            calls[len(warm) % k]()
+            e1.record(stream)
+            torch.cuda.synchronize(dev)
+            warm.append(e0.elapsed_time(e1))
+            elapsed = (time.perf_counter() - t_start) * 1e3
+            if len(warm) >= max(o.warmup_iters, 1000):  # very fast calls: enough
+                break
+            if len(warm) < o.warmup_iters or elapsed < o.warmup_ms:
+                continue
+            if first is None:
+                first = statistics.median(warm[-window_calls(warm, o.warmup_ms / 2):])
+            if elapsed >= o.warmup_ms + o.settle_ms or settled(warm, o.warmup_ms / 2, o.settle_tol):
+                break
+        last = statistics.median(warm[-window_calls(warm, o.warmup_ms / 2):])
+        drift = abs(last - first) / first if first else 0.0
+        return statistics.median(warm[-3:]), (time.perf_counter() - t_start) * 1e3, drift
+
+    def warmup_drift(self, fn: Any, input_sets: list, device: Any = None) -> float:
+        """How far ``fn``'s per-call time moves while it runs on (relative): 0 when it is
+        level once the fixed warm-up is over. A timing rule before settling timed such a
+        call while it was still changing."""
+        import torch
+
+        dev = _device(device)
+        with torch.cuda.device(dev):
+            calls = [lambda a=args: fn(*a) for args in input_sets]
+            return self._warm_up(calls, torch.cuda.current_stream(dev), dev)[2]
 
     def steadier(self) -> "CudaEventsProfiler | None":
         """CUDA-graph replay: launch timing and the interleaving of work over several streams
