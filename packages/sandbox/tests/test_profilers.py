@@ -222,3 +222,6 @@ def test_settled_waits_for_per_call_times_to_level_off():
     assert settled(falling_clock + [1.06] * 10, 10.0, 0.005)
     noisy_but_level = [0.98, 1.02] * 10
     assert settled(noisy_but_level, 10.0, 0.005)
+    # long host-bound calls that scatter by 3%: two windows of two calls cannot resolve 0.5%
+    assert settled([90.0, 93.0, 92.0, 89.5], 100.0, 0.005)
+    assert not settled([90.0, 90.2, 96.0, 96.1], 100.0, 0.005)  # tight calls, clearly slower

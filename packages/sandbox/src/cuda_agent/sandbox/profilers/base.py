@@ -19,17 +19,24 @@ class ProfilerError(CudaAgentError):
     """A profiler cannot run here (no GPU, no ncu, bad options)."""
 
 
+def relative_spread(xs: list[float]) -> float:
+    """Interquartile range over median (the range, for fewer than four values)."""
+    s = sorted(xs)
+    med = statistics.median(s)
+    if med <= 0:
+        return 0.0
+    if len(s) >= 4:
+        q = statistics.quantiles(s, n=4, method="inclusive")
+        return (q[2] - q[0]) / med
+    return (s[-1] - s[0]) / med
+
+
 def summarize(samples_ms: list[float], method: str, keep: int = 200, extra: dict | None = None) -> Timing:
     """Median and relative spread (interquartile range / median) of the samples."""
     if not samples_ms:
         raise ProfilerError(f"{method}: no samples")
-    s = sorted(samples_ms)
-    med = statistics.median(s)
-    if len(s) >= 4:
-        q = statistics.quantiles(s, n=4, method="inclusive")
-        spread = (q[2] - q[0]) / med if med > 0 else 0.0
-    else:
-        spread = (s[-1] - s[0]) / med if med > 0 else 0.0
+    med = statistics.median(samples_ms)
+    spread = relative_spread(samples_ms)
     kept = samples_ms if len(samples_ms) <= keep else samples_ms[:: math.ceil(len(samples_ms) / keep)]
     return Timing(median_ms=med, spread=spread, iterations=len(samples_ms), method=method, samples_ms=[round(x, 6) for x in kept])
 
@@ -42,15 +49,18 @@ def window_calls(times_ms: list[float], window_ms: float) -> int:
 
 def settled(times_ms: list[float], window_ms: float, tol: float) -> bool:
     """Whether per-call times have levelled off: the medians of the last two windows of
-    calls (:func:`window_calls`) differ by at most ``tol`` (relative). Under sustained load
-    a GPU's clock can fall for a while (power capping), so the first calls are faster than
-    the ones that follow."""
+    calls (:func:`window_calls`) differ by at most ``tol`` (relative), or by no more than
+    twice what the calls' own scatter lets a window's median resolve (each window's relative
+    interquartile range over the square root of its size, averaged): a jittery host-bound
+    call is not held in warm-up for noise. Under sustained load a GPU's clock can fall for a
+    while (power capping), so the first calls are faster than the ones that follow."""
     w = window_calls(times_ms, window_ms)
     if len(times_ms) < 2 * w:
         return False
-    a = statistics.median(times_ms[-2 * w:-w])
-    b = statistics.median(times_ms[-w:])
-    return abs(b - a) <= tol * max(a, 1e-12)
+    older, newer = times_ms[-2 * w:-w], times_ms[-w:]
+    a, b = statistics.median(older), statistics.median(newer)
+    scatter = (relative_spread(older) + relative_spread(newer)) / 2 / math.sqrt(w)
+    return abs(b - a) <= max(tol, 2 * scatter) * max(a, 1e-12)
 
 
 def iterations_for(estimate_ms: float, target_ms: float, min_iters: int, max_iters: int) -> int:
