@@ -26,10 +26,10 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   full clock at first and slower once the clock falls (KernelBench's 29_Softplus: 3.10 ms
   per call for the first dozen timed calls, a median of 3.3 ms over 60, the SM clock at
   1770 MHz instead of 1980 afterwards); timed in that transition, the median depended on
-  where the window fell. ``Timing.warmup_ms`` says how long the
-  warm-up took. The number of timed calls is chosen so that
-  they add up to ``target_ms`` (between ``min_iters`` and ``max_iters``). The result is the
-  median, with the interquartile range over the median as spread.
+  where the window fell. ``Timing.warmup_ms`` says how long the warm-up took.
+* The number of timed calls is chosen so that they add up to ``target_ms`` (between
+  ``min_iters`` and ``max_iters``). The result is the median, with the interquartile range
+  over the median as spread.
 * ``cuda_graph``: each input set's call is captured once into a CUDA graph and the
   replays are timed -- for microsecond kernels whose launch overhead would dominate.
 * :meth:`CudaEventsProfiler.steadier_reason`: a call whose captured graph has parallel
