@@ -363,7 +363,8 @@ def main() -> int:
                 row[m] = {"a_ms": a, "b_ms": b, "diff": d, "limit": limit, "ok": d <= limit,
                           "spread_a": ra[m]["spread"], "spread_b": rb[m]["spread"], "method_a": ra[m]["method"],
                           "method_b": rb[m]["method"], "mode_reason": ra[m].get("mode_reason", ""),
-                          "device_allocs": (ra[m].get("device_allocs", 0), rb[m].get("device_allocs", 0))}
+                          "device_allocs": (ra[m].get("device_allocs", 0), rb[m].get("device_allocs", 0)),
+                          "warmup_ms": (ra[m].get("warmup_ms", 0), rb[m].get("warmup_ms", 0))}
         rows.append(row)
 
     import torch
@@ -435,14 +436,15 @@ def report(out: dict) -> None:
     worst = sorted((r for r in rows if first in r), key=lambda r: -r[first]["diff"])[:8]
     if worst:
         print()
-        print(f"{'worst (' + first + ')':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}{'mallocs':>9}")
+        print(f"{'worst (' + first + ')':<44}{'A ms':>10}{'B ms':>10}{'diff':>8}{'spread':>8}{'profiler ms':>13}{'diff':>8}{'mallocs':>9}{'warm-up ms':>13}")
         for r in worst:
             c = r[first]
             t = r.get("torch_profiler", {})
             tp = f"{t['a_ms']:.4g}" if t else "-"
             td = f"{100 * t['diff']:.2f}%" if t else "-"
             ma = "/".join(str(x) for x in c.get("device_allocs", ()))
-            print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}{ma:>9}")
+            wu = "/".join(f"{x:.0f}" for x in c.get("warmup_ms", ())) or "-"
+            print(f"{r['problem'][:43]:<44}{c['a_ms']:>10.4g}{c['b_ms']:>10.4g}{100 * c['diff']:>7.2f}%{100 * c['spread_a']:>7.1f}%{tp:>13}{td:>8}{ma:>9}{wu:>13}")
     layouts = [(r["problem"], out["raw"]["A"].get(r["problem"], {}).get("layout")) for r in worst]
     if any(lay for _, lay in layouts):
         print()
