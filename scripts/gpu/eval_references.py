@@ -118,6 +118,10 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         for k, v in ((t["metadata"].get("verify") or {}).get("phase_seconds") or {}).items():
             phases.setdefault(k, []).append(v)
     noisy = [t["task_id"] for t in new if max((t["metadata"].get("timing_spread") or {}).values(), default=0) > 0.05]
+    # time in the profile jobs spent on baselines: read, re-checked under a newer timing rule,
+    # or measured (a cached-baseline run spends next to none)
+    measured = [t for t in new if (t["metadata"].get("profile") or {}).get("baseline_cache") == "miss"]
+    baseline_s = sum((t["metadata"].get("profile") or {}).get("baseline_seconds", 0) or 0 for t in new)
     repeated = [t["task_id"] for t in new if max((t["metadata"].get("timing_attempts") or {}).values(), default=1) > 1]
     return {
         "tasks": len(tasks),
@@ -128,6 +132,8 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "job_seconds_per_task": round(sum(job) / n, 2),
         "device_seconds": round(device_seconds, 1),
         "overhead_per_task": round(max(0.0, device_seconds - sum(job)) / n, 2),
+        "baselines_measured": len(measured),
+        "baseline_seconds": round(baseline_s, 1),
         "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
         "speedup_vs_eager_off_by_10pct": far,
@@ -153,7 +159,8 @@ def print_table(report: dict, summary: dict) -> None:
         )
     print()
     for key in ("tasks", "scored_this_call", "devices", "shards", "shard_seconds", "wall_seconds", "device_seconds", "wall_per_task",
-                "job_seconds_per_task", "overhead_per_task", "mean_task_latency", "verify_phase_median_seconds", "timings_repeated"):
+                "job_seconds_per_task", "overhead_per_task", "baselines_measured", "baseline_seconds", "mean_task_latency",
+                "verify_phase_median_seconds", "timings_repeated"):
         if summary.get(key) is not None:
             print(f"{key:<26} {summary[key]}")
     if summary["not_correct"]:

@@ -181,6 +181,7 @@ def test_profile_workspace_uses_cached_baselines(relu_ws, tmp_path):
     assert r1.metadata["baseline_cache"] == "miss" and r1.metadata["spot_check"] == "passed"
     r2 = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
     assert r2.metadata["baseline_cache"] == "hit" and r2.eager.median_ms == r1.eager.median_ms
+    assert r1.metadata["baseline_seconds"] > 0 and r2.metadata["baseline_seconds"] >= 0
     assert r2.speedup_vs_eager() > 0 and "eager" in r2.message
 
 

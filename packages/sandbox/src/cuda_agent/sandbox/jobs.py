@@ -356,8 +356,11 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
     meta: dict[str, Any] = {}
     bopts = _baseline_opts(o, device)
     cache = cache_for(bopts.cache_dir or None)
+    t0 = time.perf_counter()
     eager, comp, rec = measure_baselines_record(model_code, device, bopts, cache, model=model, init_inputs=init_inputs)
     meta["baseline_cache"] = "hit" if rec.get("cached") else "miss"
+    # the time to read, re-check (an older timing rule) or measure the baselines
+    meta["baseline_seconds"] = round(time.perf_counter() - t0, 3)
     meta["baseline_key"] = rec.get("key")
     if rec.get("compile_error"):
         meta["compile_error"] = rec["compile_error"]
