@@ -225,3 +225,68 @@ def test_settled_waits_for_per_call_times_to_level_off():
     # long host-bound calls that scatter by 3%: two windows of two calls cannot resolve 0.5%
     assert settled([90.0, 93.0, 92.0, 89.5], 100.0, 0.005)
     assert not settled([90.0, 90.2, 96.0, 96.1], 100.0, 0.005)  # tight calls, clearly slower
+
+
+class _FakeGpuClock:
+    """Stands in for the GPU in cuda_events' warm-up loop: each call takes the next scripted
+    time on a fake clock that both CUDA events and perf_counter read (the loop's logic is
+    what is tested here; the GPU test times a real matmul)."""
+
+    def __init__(self, call_ms):
+        self.call_ms = call_ms
+        self.now = 0.0
+        self.calls = 0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.t = 0.0
+
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) * 1e3
+
+        self.Event = Event
+
+    def call(self):
+        self.now += self.call_ms(self.calls) / 1e3
+        self.calls += 1
+
+    def perf_counter(self):
+        return self.now
+
+
+def _warm_up_on(call_ms, monkeypatch, **options):
+    import types
+
+    from cuda_agent.sandbox.profilers import cuda_events
+
+    gpu = _FakeGpuClock(call_ms)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(cuda_events, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter))
+    p = CudaEventsProfiler(CudaEventsProfiler.Options(warmup_ms=20.0, settle_tol=0.005, **options))
+    est, warmup_ms, drift = p._warm_up([gpu.call], None, None)
+    return est, warmup_ms, drift, gpu.calls
+
+
+def test_warm_up_waits_for_a_falling_clock_and_reports_the_drift(monkeypatch):
+    # 1 ms per call at first; from the 15th call on the clock falls and calls take 1.06 ms
+    est, warmup_ms, drift, calls = _warm_up_on(lambda i: 1.0 if i < 15 else 1.06, monkeypatch, settle_ms=500.0)
+    assert est == pytest.approx(1.06)
+    assert 0.02 < drift < 0.07  # measured from the fixed warm-up's end (mid-fall) to level
+    assert 20.0 < warmup_ms < 60.0 and calls > 20
+
+
+def test_warm_up_of_a_level_call_ends_with_the_fixed_warm_up(monkeypatch):
+    est, warmup_ms, drift, calls = _warm_up_on(lambda i: 1.0, monkeypatch, settle_ms=500.0)
+    assert est == pytest.approx(1.0) and drift == 0.0
+    assert warmup_ms == pytest.approx(20.0, abs=1.01)
+
+
+def test_warm_up_gives_up_settling_after_settle_ms(monkeypatch):
+    # a call that keeps getting slower never levels off: warm-up stops at warmup_ms + settle_ms
+    est, warmup_ms, drift, calls = _warm_up_on(lambda i: 1.0 + 0.01 * i, monkeypatch, settle_ms=100.0)
+    assert 120.0 <= warmup_ms < 125.0 and drift > 0.5
