@@ -291,21 +291,6 @@ def time_model(model: Any, input_sets: list, device: Any, profiler: Any, prepare
         return time_stably(profiler, fn, input_sets, device, prepare, max_spread, attempts)
 
 
-def time_eager(model: Any, input_sets: list, device: Any, profiler: Any, prepare: Any = None,
-               max_spread: float = 0.0, attempts: int = 1) -> tuple[Timing, Any]:
-    """The eager reference's timing and the profiler every other timing of the task uses
-    (a steadier mode when this one stayed unsteady; see ``profilers.base.time_for_task``)."""
-    import torch
-
-    from .profilers.base import time_for_task
-
-    def fn(*args):
-        return model(*args)
-
-    with torch.no_grad():
-        return time_for_task(profiler, fn, input_sets, device, prepare, max_spread, attempts)
-
-
 def compile_model(model: Any, mode: str = "default") -> Any:
     import torch
 
@@ -346,8 +331,11 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
     repeated (``attempts`` in all, see :func:`.profilers.base.time_stably`). An eager
     timing that stays unsteady switches the task to the profiler's steadier mode
     (``info["timing_mode"]``; see :func:`.profilers.base.time_for_task`)."""
+    import torch
+
     from . import hostlock
     from .inputs import perturb_
+    from .profilers.base import time_for_task
 
     info: dict[str, Any] = {}
     k = max(1, len(input_sets))
@@ -356,7 +344,8 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
         if threads is not None:
             info["cpu_threads"] = threads
         configured = profiler
-        eager, used = time_eager(model, input_sets, device, profiler, prepare, max_spread, attempts)
+        with torch.no_grad():  # the eager reference, and the mode for every timing of the task
+            eager, used = time_for_task(profiler, model, input_sets, device, prepare, max_spread, attempts)
         if used is not profiler:  # every timing of this task in the steadier mode
             info["timing_mode"] = f"{used.method_name()} ({eager.mode_reason or 'eager unsteady in the configured mode'})"
             profiler = used
@@ -438,7 +427,7 @@ def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: 
     timing. None when a check could not run: the record is kept as it is, unstamped, and
     checked again on its next use."""
     from . import hostlock
-    from .profilers.base import steadier_mode
+    from .profilers.base import reason_up_front, steadier_mode
 
     if max_spread > 0 and noisy(rec, max_spread):
         return False
@@ -449,11 +438,9 @@ def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: 
             if drift > max_spread / 2:
                 return False
         alt = steadier_mode(profiler)
-        if alt is None or not hasattr(profiler, "steadier_reason"):
-            return True
-        if (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
+        if alt is not None and (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
             return True  # timed in the steadier mode already
-        return not profiler.steadier_reason(model, input_sets, device)
+        return not reason_up_front(profiler, model, input_sets, device, strict=True)
     except Exception:
         return None
 

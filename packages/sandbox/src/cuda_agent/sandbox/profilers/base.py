@@ -161,15 +161,18 @@ def steadier_mode(profiler: Any) -> Any:
     return profiler.steadier() if hasattr(profiler, "steadier") else None
 
 
-def reason_up_front(profiler: Any, fn: Any, input_sets: list, device: Any = None) -> str:
+def reason_up_front(profiler: Any, fn: Any, input_sets: list, device: Any = None, strict: bool = False) -> str:
     """Why ``fn`` should be timed in the profiler's steadier mode whatever its spread
     (``Profiler.steadier_reason``); "" when the profiler has no steadier mode, names no
-    reason, or its check cannot run (a check that fails decides nothing)."""
+    reason, or its check cannot run (a check that fails decides nothing; ``strict``: its
+    error is raised instead)."""
     if steadier_mode(profiler) is None or not hasattr(profiler, "steadier_reason"):
         return ""
     try:
         return profiler.steadier_reason(fn, input_sets, device) or ""
     except Exception:
+        if strict:
+            raise
         return ""
 
 
