@@ -154,7 +154,7 @@ class CudaEventsProfiler(Profiler):
 
             est, warmup_ms, _ = self._warm_up(calls, stream, dev)
             latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
-            n = iterations_for(est + 0.0, o.target_ms, o.min_iters, o.max_iters)
+            n = iterations_for(est, o.target_ms, o.min_iters, o.max_iters)
 
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -216,6 +216,7 @@ class CudaEventsProfiler(Profiler):
         t_start = time.perf_counter()
         warm: list[float] = []
         first = None
+        next_check = 0  # settling is checked once per window of calls, not after every call
         while True:
             e0 = torch.cuda.Event(enable_timing=True)
             e1 = torch.cuda.Event(enable_timing=True)
@@ -231,8 +232,12 @@ class CudaEventsProfiler(Profiler):
                 continue
             if first is None:
                 first = statistics.median(warm[-window_calls(warm, o.warmup_ms / 2):])
-            if elapsed >= o.warmup_ms + o.settle_ms or settled(warm, o.warmup_ms / 2, o.settle_tol):
+            if elapsed >= o.warmup_ms + o.settle_ms:
                 break
+            if len(warm) >= next_check:
+                if settled(warm, o.warmup_ms / 2, o.settle_tol):
+                    break
+                next_check = len(warm) + window_calls(warm, o.warmup_ms / 2)
         last = statistics.median(warm[-window_calls(warm, o.warmup_ms / 2):])
         drift = abs(last - first) / first if first else 0.0
         return statistics.median(warm[-3:]), (time.perf_counter() - t_start) * 1e3, drift
