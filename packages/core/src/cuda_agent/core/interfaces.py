@@ -68,6 +68,12 @@ class Profiler(Component):
         """The ``Timing.method`` this profiler's timings start with."""
         return self.name
 
+    def warmup_drift(self, fn: Any, input_sets: list, device: Any = None) -> float:
+        """How far ``fn``'s per-call time still moves (relative) once the profiler's fixed
+        warm-up is over (``cuda_events``: a GPU whose clock falls at its power limit); 0.0
+        when it is level or the profiler cannot tell."""
+        return 0.0
+
 
 class CorrectnessCheck(Component):
     kind = "correctness_check"
