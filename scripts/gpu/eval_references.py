@@ -122,6 +122,13 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
     # or measured (a cached-baseline run spends next to none)
     measured = [t for t in new if (t["metadata"].get("profile") or {}).get("baseline_cache") == "miss"]
     baseline_s = sum((t["metadata"].get("profile") or {}).get("baseline_seconds", 0) or 0 for t in new)
+    # records replaced, by what made them stale ("rule 2 record, drift: ..." counts as drift)
+    again: dict[str, int] = {}
+    for t in measured:
+        why = (t["metadata"].get("profile") or {}).get("baseline_measured_again_because")
+        if why:
+            kind = why.split(", ", 1)[-1].split(":", 1)[0]
+            again[kind] = again.get(kind, 0) + 1
     repeated = [t["task_id"] for t in new if max((t["metadata"].get("timing_attempts") or {}).values(), default=1) > 1]
     return {
         "tasks": len(tasks),
@@ -133,6 +140,7 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "device_seconds": round(device_seconds, 1),
         "overhead_per_task": round(max(0.0, device_seconds - sum(job)) / n, 2),
         "baselines_measured": len(measured),
+        "baselines_measured_again": dict(sorted(again.items())),
         "baseline_seconds": round(baseline_s, 1),
         "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
@@ -159,7 +167,7 @@ def print_table(report: dict, summary: dict) -> None:
         )
     print()
     for key in ("tasks", "scored_this_call", "devices", "shards", "shard_seconds", "wall_seconds", "device_seconds", "wall_per_task",
-                "job_seconds_per_task", "overhead_per_task", "baselines_measured", "baseline_seconds", "mean_task_latency",
+                "job_seconds_per_task", "overhead_per_task", "baselines_measured", "baselines_measured_again", "baseline_seconds", "mean_task_latency",
                 "verify_phase_median_seconds", "timings_repeated"):
         if summary.get(key) is not None:
             print(f"{key:<26} {summary[key]}")

@@ -171,6 +171,11 @@ def test_score_folder_on_cpu(setup, capsys):
     assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
                  "--refresh-spread", "100"]) == 0
     assert "(0 measured now, 1 from the cache" in capsys.readouterr().out
+    # a record replaced says why in the table's note
+    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
+                 "--refresh-spread", "1e-12"]) == 0
+    out = capsys.readouterr().out
+    assert "(1 measured now, 0 from the cache" in out and "measured again: refresh: a spread above refresh_spread" in out
     assert main(["baselines", *overrides(setup), "--refresh-spread", "0"]) != 0
     assert "--refresh-spread must be > 0" in capsys.readouterr().err
     cfg = compose([], overrides(setup) + ["eval.progress=false"])

@@ -117,7 +117,7 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
     stored = json.loads(path.read_text())
     del stored["timing_rule"]
     path.write_text(json.dumps(stored))
-    monkeypatch.setattr(baselines, "still_valid", lambda *a, **k: None)
+    monkeypatch.setattr(baselines, "stale_reason", lambda *a, **k: None)
     fresh = BaselineCache(tmp_path / "cache")
     _, _, kept = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), fresh)
     assert kept["cached"] and fresh.measured == 0
@@ -127,21 +127,52 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
 def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     from test_quiet_timing import ScriptedProfiler
 
-    from cuda_agent.sandbox.baselines import still_valid
+    from cuda_agent.sandbox.baselines import stale_reason
 
     rec = {"eager": {"spread": 0.001, "method": "scripted"}, "compile": {"spread": 0.002, "method": "scripted"}}
-    assert still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.01)
-    assert not still_valid(rec, ScriptedProfiler([], steady=0.001, reason="work on 3 parallel branches"), None, [[1]], "cpu", 0.01)
+    assert stale_reason(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.01) == ""
+    why = stale_reason(rec, ScriptedProfiler([], steady=0.001, reason="work on 3 parallel branches"), None, [[1]], "cpu", 0.01)
+    assert why == "mode: work on 3 parallel branches"
     # already in the steadier mode, or no steadier mode: it stands
     graph = dict(rec, eager={"spread": 0.001, "method": "scripted+graph"})
-    assert still_valid(graph, ScriptedProfiler([], steady=0.001, reason="streams"), None, [[1]], "cpu", 0.01)
-    assert still_valid(rec, ScriptedProfiler([], reason="streams"), None, [[1]], "cpu", 0.01)
+    assert stale_reason(graph, ScriptedProfiler([], steady=0.001, reason="streams"), None, [[1]], "cpu", 0.01) == ""
+    assert stale_reason(rec, ScriptedProfiler([], reason="streams"), None, [[1]], "cpu", 0.01) == ""
     # a check that fails decides nothing
-    assert still_valid(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01) is None
-    assert not still_valid(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.0015)  # compile too noisy
+    assert stale_reason(rec, ScriptedProfiler([], steady=0.001, reason="raise"), None, [[1]], "cpu", 0.01) is None
+    # compile too noisy: the noisier timing is named with its spread and the limit
+    assert stale_reason(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.0015) == \
+        "spread: compile timing spread 0.20% above 0.15%"
     # timed while its per-call time was still falling after the warm-up: measured again
-    assert not still_valid(rec, ScriptedProfiler([], steady=0.001, drift=0.03), None, [[1]], "cpu", 0.01)
-    assert still_valid(rec, ScriptedProfiler([], steady=0.001, drift=0.002), None, [[1]], "cpu", 0.01)
+    assert stale_reason(rec, ScriptedProfiler([], steady=0.001, drift=0.03), None, [[1]], "cpu", 0.01) == \
+        "drift: per-call time moved 3.00% after the fixed warm-up (limit 0.50%)"
+    assert stale_reason(rec, ScriptedProfiler([], steady=0.001, drift=0.002), None, [[1]], "cpu", 0.01) == ""
+
+
+def test_a_replaced_record_says_why_it_was_measured_again(tmp_path):
+    """The new record (and the profile job's metadata, and ``cuda-agent baselines``' table)
+    name what made the old one stale; a first measurement names nothing."""
+    import json
+
+    from cuda_agent.sandbox.baselines import measure_baselines_record
+
+    cache = BaselineCache(tmp_path / "cache")
+    _, _, first = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
+    assert "measured_again_because" not in first
+    path = cache.path(first["key"])
+    stored = json.loads(path.read_text())
+    stored["timing_rule"] = 2
+    stored["eager"]["spread"] = 0.2  # above today's limit
+    path.write_text(json.dumps(stored))
+    _, _, redone = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, max_spread=0.1), BaselineCache(tmp_path / "cache"))
+    assert not redone["cached"]
+    assert redone["measured_again_because"] == "rule 2 record, spread: eager timing spread 20.00% above 10.00%"
+    assert json.loads(path.read_text())["measured_again_because"] == redone["measured_again_because"]
+
+    _, _, forced = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path, force=True), BaselineCache(tmp_path / "cache"))
+    assert forced["measured_again_because"] == "forced: measured again on request"
+
+    rows = measure_many([RELU_TASK], "cpu", opts(tmp_path, force=True), BaselineCache(tmp_path / "cache"), progress=False)
+    assert rows[0]["measured_again_because"] == "forced: measured again on request"
 
 
 def test_compile_baseline_on_cpu(tmp_path):
@@ -183,6 +214,17 @@ def test_profile_workspace_uses_cached_baselines(relu_ws, tmp_path):
     assert r2.metadata["baseline_cache"] == "hit" and r2.eager.median_ms == r1.eager.median_ms
     assert r1.metadata["baseline_seconds"] > 0 and r2.metadata["baseline_seconds"] >= 0
     assert r2.speedup_vs_eager() > 0 and "eager" in r2.message
+    assert "baseline_measured_again_because" not in r1.metadata
+    # a record of an older timing rule that no longer stands: measured again, and the job says why
+    from cuda_agent.sandbox.baselines import cache_for
+
+    cache = cache_for(str(tmp_path / "cache"))  # the job's own (in-process) cache
+    stored = dict(cache.get(r1.metadata["baseline_key"]), timing_rule=2)
+    stored["eager"] = dict(stored["eager"], spread=0.5)
+    cache.put(r1.metadata["baseline_key"], stored)
+    r3 = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert r3.metadata["baseline_cache"] == "miss"
+    assert r3.metadata["baseline_measured_again_because"].startswith("rule 2 record, spread: eager timing spread 50.00%")
 
 
 CACHING_CHEAT = '''

@@ -128,7 +128,8 @@ def _baseline_table(rows: Sequence[dict[str, Any]]) -> str:
         c = f"{r['compile_ms']:.4g}" if r.get("compile_ms") is not None else "—"
         sp = f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "—"
         secs = f"{r.get('seconds') or 0:.1f}"
-        note = (r.get("error") or r.get("timing_mode") or "")[:80]
+        again = r.get("measured_again_because")
+        note = (r.get("error") or "; ".join(x for x in (r.get("timing_mode"), again and f"measured again: {again}") if x))[:120]
         out.append(f"{r['task_id'][:48]:<48} {e:>10} {c:>11} {sp:>7} {('yes' if r.get('cached') else 'no'):>7} {secs:>6}  {note}")
     return "\n".join(out)
 

@@ -418,29 +418,31 @@ def noisy(rec: dict, max_spread: float) -> bool:
 TIMING_RULE = 3
 
 
-def still_valid(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> bool | None:
-    """Whether a record measured under an older :data:`TIMING_RULE` stands under the current
-    one: its spreads are within ``max_spread``; the reference's per-call time is level once
-    the profiler's fixed warm-up is over (``warmup_drift`` within ``max_spread / 2``: the
-    older rules timed right after it); and, timed in the profiler's normal mode, the
-    profiler names no reason for its steadier mode. Costs a warm-up and a graph capture, no
-    timing. None when a check could not run: the record is kept as it is, unstamped, and
-    checked again on its next use."""
+def stale_reason(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> str | None:
+    """Why a record measured under an older :data:`TIMING_RULE` does not stand under the
+    current one, "" when it does: its spreads are within ``max_spread``; the reference's
+    per-call time is level once the profiler's fixed warm-up is over (``warmup_drift``
+    within ``max_spread / 2``: the older rules timed right after it); and, timed in the
+    profiler's normal mode, the profiler names no reason for its steadier mode. Costs a
+    warm-up and a graph capture, no timing. None when a check could not run: the record is
+    kept as it is, unstamped, and checked again on its next use."""
     from . import hostlock
     from .profilers.base import reason_up_front, steadier_mode
 
     if max_spread > 0 and noisy(rec, max_spread):
-        return False
+        worst = max(("eager", "compile"), key=lambda k: (rec.get(k) or {}).get("spread", 0.0))
+        return f"spread: {worst} timing spread {rec[worst]['spread']:.2%} above {max_spread:.2%}"
     try:
         if max_spread > 0 and hasattr(profiler, "warmup_drift"):
             with hostlock.timing():  # a timing of sorts: not beside another lane's compile
                 drift = profiler.warmup_drift(model, input_sets, device)
             if drift > max_spread / 2:
-                return False
+                return f"drift: per-call time moved {drift:.2%} after the fixed warm-up (limit {max_spread / 2:.2%})"
         alt = steadier_mode(profiler)
         if alt is not None and (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
-            return True  # timed in the steadier mode already
-        return not reason_up_front(profiler, model, input_sets, device, strict=True)
+            return ""  # timed in the steadier mode already
+        reason = reason_up_front(profiler, model, input_sets, device, strict=True)
+        return f"mode: {reason}" if reason else ""
     except Exception:
         return None
 
@@ -477,10 +479,11 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
                         o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads, o.perturb_inputs)
     key = BaselineCache.key(fields)
     rec = None if o.force else cache.get(key)
+    because = "forced: measured again on request" if o.force and cache.path(key).is_file() else ""
     if rec is not None and o.refresh_spread > 0 and noisy(rec, o.refresh_spread):
-        rec = None  # measured on a busy host: measure again
+        rec, because = None, f"refresh: a spread above refresh_spread {o.refresh_spread:.2%}"  # measured on a busy host
     if rec is not None and o.compile and rec.get("compile") is None and not rec.get("compile_error"):
-        rec = None  # measured without its compiled baseline
+        rec, because = None, "compile: measured without its compiled baseline"
     profiler = get_profiler(prof_name, o.profiler_options)
 
     def reference() -> tuple[Any, list]:
@@ -501,12 +504,12 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
     if rec is not None and int(rec.get("timing_rule") or 1) < TIMING_RULE:
         # measured under an older timing rule: kept (and stamped) if it stands under this one
         with precision_context(o.precision), torch.no_grad():
-            valid = still_valid(rec, profiler, *reference(), device, o.max_spread)
-        if valid:
+            stale = stale_reason(rec, profiler, *reference(), device, o.max_spread)
+        if stale == "":
             rec = dict(rec, timing_rule=TIMING_RULE)
             cache.put(key, rec)
-        elif valid is False:
-            rec = None
+        elif stale:
+            rec, because = None, f"rule {int(rec.get('timing_rule') or 1)} record, {stale}"
     if rec is not None:
         rec = dict(rec, cached=True)
         return timing_from(rec["eager"]), timing_from(rec.get("compile")), rec
@@ -532,6 +535,8 @@ def measure_baselines_record(model_code: str, device: str = "cuda", options: Bas
         "timing_rule": TIMING_RULE,
         **info,
     }
+    if because:  # a record replaced: why (a first measurement has no such field)
+        rec["measured_again_because"] = because
     cache.put(key, rec)
     return eager, comp, dict(rec, cached=False)
 
@@ -563,6 +568,8 @@ def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOp
             row.update(eager_ms=eager.median_ms, compile_ms=comp.median_ms if comp else None,
                        cached=rec.get("cached", False), compile_error=rec.get("compile_error"),
                        spread=max(eager.spread, comp.spread if comp else 0.0), timing_mode=rec.get("timing_mode"))
+            if not rec.get("cached") and rec.get("measured_again_because"):
+                row["measured_again_because"] = rec["measured_again_because"]
         except Exception as exc:  # one broken task must not stop the run
             row.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         finally:

@@ -362,6 +362,8 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
     # the time to read, re-check (an older timing rule) or measure the baselines
     meta["baseline_seconds"] = round(time.perf_counter() - t0, 3)
     meta["baseline_key"] = rec.get("key")
+    if not rec.get("cached") and rec.get("measured_again_because"):
+        meta["baseline_measured_again_because"] = rec["measured_again_because"]
     if rec.get("compile_error"):
         meta["compile_error"] = rec["compile_error"]
     for k in ("compile_seconds", "compile_frames_warmup", "compile_recompiles_during_timing", "compile_retimed"):
