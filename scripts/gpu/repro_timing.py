@@ -24,8 +24,9 @@ Target: the two processes differ by at most 1% for kernels of 50 us or more, at 
     python3 scripts/gpu/repro_timing.py                  # all of level 1
     python3 scripts/gpu/repro_timing.py --limit 10       # a quick look
 
-Prints a table per method (problems, within target, median and max difference) and the
-worst problems; writes the full results as JSON to $OUT/repro_timing.json when OUT is set.
+Prints a table per method (problems, within target, misses flagged by their own spread,
+median and max difference) and the worst problems; writes the full results as JSON to
+$OUT/repro_timing.json when OUT is set.
 """
 
 from __future__ import annotations
