@@ -146,6 +146,9 @@ def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     assert stale_reason(rec, ScriptedProfiler([], steady=0.001, drift=0.03), None, [[1]], "cpu", 0.01) == \
         "drift: per-call time moved 3.00% after the fixed warm-up (limit 0.50%)"
     assert stale_reason(rec, ScriptedProfiler([], steady=0.001, drift=0.002), None, [[1]], "cpu", 0.01) == ""
+    # a record timed by graph replay: its drift is measured in that mode, not by plain calls
+    drifting_calls = ScriptedProfiler([], steady=0.001, drift=0.03)  # its steadier mode is level
+    assert stale_reason(graph, drifting_calls, None, [[1]], "cpu", 0.01) == ""
 
 
 def test_a_replaced_record_says_why_it_was_measured_again(tmp_path):

@@ -110,8 +110,10 @@ def test_cuda_events_times_a_matmul():
     o = p.options
     assert o.warmup_ms <= t.warmup_ms <= o.warmup_ms + o.settle_ms + 100
     assert 0.0 <= p.warmup_drift(torch.matmul, sets, "cuda") < 0.5
-    g = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, cuda_graph=True)).time(torch.matmul, sets, "cuda")
+    gp = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, cuda_graph=True))
+    g = gp.time(torch.matmul, sets, "cuda")
     assert g.method.endswith("+graph") and 0.5 < g.median_ms / t.median_ms < 1.5
+    assert 0.0 <= gp.warmup_drift(torch.matmul, sets, "cuda") < 0.5  # on graph replays
     tp = TorchProfilerProfiler(TorchProfilerProfiler.Options(target_ms=50, repeats=3)).time(torch.matmul, sets, "cuda")
     assert 0.5 < tp.median_ms / t.median_ms < 1.5
 

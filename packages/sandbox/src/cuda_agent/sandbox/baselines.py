@@ -421,25 +421,27 @@ TIMING_RULE = 3
 def stale_reason(rec: dict, profiler: Any, model: Any, input_sets: list, device: str, max_spread: float) -> str | None:
     """Why a record measured under an older :data:`TIMING_RULE` does not stand under the
     current one, "" when it does: its spreads are within ``max_spread``; the reference's
-    per-call time is level once the profiler's fixed warm-up is over (``warmup_drift``
-    within ``max_spread / 2``: the older rules timed right after it); and, timed in the
+    per-call time, in the mode the record was timed in, is level once the profiler's fixed
+    warm-up is over (``warmup_drift`` within ``max_spread / 2``: the older rules timed
+    right after it); and, timed in the
     profiler's normal mode, the profiler names no reason for its steadier mode. Costs a
     warm-up and a graph capture, no timing. None when a check could not run: the record is
     kept as it is, unstamped, and checked again on its next use."""
     from . import hostlock
-    from .profilers.base import reason_up_front, steadier_mode
+    from .profilers.base import profiler_for, reason_up_front
 
     if max_spread > 0 and noisy(rec, max_spread):
         worst = max(("eager", "compile"), key=lambda k: (rec.get(k) or {}).get("spread", 0.0))
         return f"spread: {worst} timing spread {rec[worst]['spread']:.2%} above {max_spread:.2%}"
     try:
-        if max_spread > 0 and hasattr(profiler, "warmup_drift"):
+        # the mode the record was timed in: its drift is measured on what that mode calls
+        timed_by = profiler_for(profiler, Timing(median_ms=0.0, method=(rec.get("eager") or {}).get("method", "")))
+        if max_spread > 0 and hasattr(timed_by, "warmup_drift"):
             with hostlock.timing():  # a timing of sorts: not beside another lane's compile
-                drift = profiler.warmup_drift(model, input_sets, device)
+                drift = timed_by.warmup_drift(model, input_sets, device)
             if drift > max_spread / 2:
                 return f"drift: per-call time moved {drift:.2%} after the fixed warm-up (limit {max_spread / 2:.2%})"
-        alt = steadier_mode(profiler)
-        if alt is not None and (rec.get("eager") or {}).get("method", "").startswith(alt.method_name()):
+        if timed_by is not profiler:
             return ""  # timed in the steadier mode already
         reason = reason_up_front(profiler, model, input_sets, device, strict=True)
         return f"mode: {reason}" if reason else ""

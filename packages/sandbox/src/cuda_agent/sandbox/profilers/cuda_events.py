@@ -145,12 +145,9 @@ class CudaEventsProfiler(Profiler):
         with torch.cuda.device(dev):
             flush = l2_flush_buffer(dev, o.flush_bytes) if o.flush_l2 else None
             stream = torch.cuda.current_stream(dev)
-            calls = [lambda a=args: fn(*a) for args in input_sets]
-            graphs = None
-            if o.cuda_graph:
-                graphs, outputs = self._capture(fn, input_sets, dev)
+            calls, graphs, outputs = self._calls(fn, input_sets, dev)
+            if graphs is not None:
                 self._graphs, self._graph_outputs = graphs, outputs
-                calls = [g.replay for g in graphs]
 
             est, warmup_ms, _ = self._warm_up(calls, stream, dev)
             latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
@@ -242,16 +239,30 @@ class CudaEventsProfiler(Profiler):
         drift = abs(last - first) / first if first else 0.0
         return statistics.median(warm[-3:]), (time.perf_counter() - t_start) * 1e3, drift
 
+    def _calls(self, fn: Any, input_sets: list, dev: Any) -> tuple[list, list | None, list | None]:
+        """What a timing calls, one per input set: ``fn`` on the set, or in graph mode the
+        replay of the set's captured graph (then also the graphs and their outputs)."""
+        if not self.options.cuda_graph:
+            return [lambda a=args: fn(*a) for args in input_sets], None, None
+        graphs, outputs = self._capture(fn, input_sets, dev)
+        return [g.replay for g in graphs], graphs, outputs
+
     def warmup_drift(self, fn: Any, input_sets: list, device: Any = None) -> float:
         """How far ``fn``'s per-call time moves while it runs on (relative): 0 when it is
         level once the fixed warm-up is over. A timing rule before settling timed such a
-        call while it was still changing."""
+        call while it was still changing. Measured on what a timing in this mode calls
+        (graph replays in graph mode)."""
         import torch
 
         dev = _device(device)
         with torch.cuda.device(dev):
-            calls = [lambda a=args: fn(*a) for args in input_sets]
-            return self._warm_up(calls, torch.cuda.current_stream(dev), dev)[2]
+            calls, graphs, outputs = self._calls(fn, input_sets, dev)
+            try:
+                return self._warm_up(calls, torch.cuda.current_stream(dev), dev)[2]
+            finally:
+                del calls, outputs
+                for g in graphs or ():
+                    g.reset()
 
     def steadier(self) -> "CudaEventsProfiler | None":
         """CUDA-graph replay: launch timing and the interleaving of work over several streams
