@@ -423,10 +423,10 @@ def stale_reason(rec: dict, profiler: Any, model: Any, input_sets: list, device:
     current one, "" when it does: its spreads are within ``max_spread``; the reference's
     per-call time, in the mode the record was timed in, is level once the profiler's fixed
     warm-up is over (``warmup_drift`` within ``max_spread / 2``: the older rules timed
-    right after it); and, timed in the
-    profiler's normal mode, the profiler names no reason for its steadier mode. Costs a
-    warm-up and a graph capture, no timing. None when a check could not run: the record is
-    kept as it is, unstamped, and checked again on its next use."""
+    right after it); and, timed in the profiler's normal mode, the profiler names no reason
+    for its steadier mode. Costs a warm-up and a graph capture, no timing. None when a check
+    could not run: the record is kept as it is, unstamped, and checked again on its next
+    use."""
     from . import hostlock
     from .profilers.base import profiler_for, reason_up_front
 
