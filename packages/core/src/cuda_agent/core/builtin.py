@@ -26,3 +26,10 @@ def register_policies(register):
 
     for policy in policy_classes():
         register(policy)
+
+
+@hookimpl
+def register_config_schemas(register):
+    from .agent.loop import AgentOptions
+
+    register("agent", AgentOptions)

@@ -8,7 +8,8 @@ with its defaults.
 
 Keys are checked against the composed structure: an unknown key is a one-line
 :class:`ConfigError` naming it and the closest valid keys. Mappings named ``options``
-(and any node listed in ``OPEN_KEYS``) accept any keys.
+(and any node listed in ``OPEN_KEYS``) accept any keys. Values are then checked for type
+and range (:mod:`.configcheck`), with the same kind of one-line errors.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .configcheck import check_values, collect_schemas
 from .errors import ConfigError, did_you_mean
 from .plugins import PluginManager, get_plugin_manager
 
@@ -82,15 +84,70 @@ def fragments(pm: PluginManager) -> list[tuple[str, DictConfig]]:
     return out
 
 
-def parse_overrides(overrides: Iterable[str]) -> DictConfig:
-    items = list(overrides)
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key=value`` split into its key and the value read as YAML (as omegaconf reads it)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has no key before '='")
     try:
-        return OmegaConf.from_dotlist(items)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from exc
+        value = OmegaConf.from_dotlist([f"value={raw}"])["value"]
+    except Exception as exc:  # yaml's parser errors are not omegaconf's
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"bad override {item!r}: the value is not valid YAML ({problem})") from exc
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=False)
+    return key, value
+
+
+def _check_override_key(cfg: DictConfig, key: str, value: Any) -> None:
+    """An override's key must exist in the config composed so far (list items by index)."""
+    node: Any = cfg
+    path = ""
+    for part in key.split("."):
+        if isinstance(node, ListConfig):
+            if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
+                raise ConfigError(f"bad override key {key!r}: {path} is a list of {len(node)} item(s), "
+                                  f"{part!r} is not an index in it")
+            return  # list items are checked by their schemas when the config is complete
+        if not isinstance(node, DictConfig):
+            return  # under a null or a scalar: the value check decides
+        full = f"{path}.{part}" if path else part
+        if part not in node:
+            raise _unknown_key(full, path, node, "overrides")
+        if part in OPEN_KEYS:
+            return
+        try:
+            node = node[part]
+        except OmegaConfBaseException:
+            return  # an interpolation: the value check reports it
+        path = full
+    if isinstance(value, dict) and isinstance(node, DictConfig):
+        check_keys(node, OmegaConf.create(value), "overrides", path)
+
+
+def apply_override(cfg: DictConfig, item: str) -> None:
+    """Set one ``key=value`` in ``cfg`` (mappings are merged, lists and scalars replaced)."""
+    key, value = parse_override(item)
+    _check_override_key(cfg, key, value)
+    try:
+        existing = OmegaConf.select(cfg, key, throw_on_missing=False)
+    except OmegaConfBaseException:
+        existing = None
+    if isinstance(existing, DictConfig) and value is not None and not isinstance(value, dict):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ConfigError(f"bad value for {key}: expected a mapping (or {key}.KEY=VALUE), got {shown}")
+    try:
+        OmegaConf.update(cfg, key, value, merge=True)
+    except Exception as exc:
+        raise ConfigError(f"bad override {item!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def _unknown_key(full: str, path: str, known: DictConfig, source: str) -> ConfigError:
+    return ConfigError(f"unknown config key {full!r} (in {source}); "
+                       + did_you_mean(full, [f"{path}.{k}" if path else str(k) for k in known.keys()]))
 
 
 def check_keys(known: Any, given: Any, source: str, path: str = "") -> None:
@@ -100,10 +157,7 @@ def check_keys(known: Any, given: Any, source: str, path: str = "") -> None:
     for key in given.keys():
         full = f"{path}.{key}" if path else str(key)
         if key not in known:
-            raise ConfigError(
-                f"unknown config key {full!r} (in {source}); "
-                + did_you_mean(full, [f"{path}.{k}" if path else str(k) for k in known.keys()])
-            )
+            raise _unknown_key(full, path, known, source)
         if key in OPEN_KEYS:
             continue
         try:
@@ -125,17 +179,18 @@ def compose(
     cfg = base_config()
     for _source, frag in fragments(pm):
         cfg = OmegaConf.merge(cfg, frag)
-    layers: list[tuple[str, DictConfig]] = [(str(f), load_yaml(f)) for f in files]
-    ov = list(overrides)
-    if ov:
-        layers.append(("overrides", parse_overrides(ov)))
-    for source, layer in layers:
+    defaults = OmegaConf.to_container(cfg, resolve=False)
+    for f in files:
+        source, layer = str(f), load_yaml(f)
         check_keys(cfg, layer, source)
         try:
             cfg = OmegaConf.merge(cfg, layer)
-        except OmegaConfBaseException as exc:
+        except Exception as exc:
             raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from exc
+    for item in overrides:
+        apply_override(cfg, item)
     if validate:
+        check_values(cfg, defaults, collect_schemas(pm), OPEN_KEYS)
         validate_components(cfg, pm)
     return cfg
 

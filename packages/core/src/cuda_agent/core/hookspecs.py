@@ -92,6 +92,16 @@ def register_config_fragments(register: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
+def register_config_schemas(register: Callable[[str, type], None]) -> None:
+    """Register the options dataclass that types a config section: ``register("agent",
+    AgentOptions)``; ``name[]`` stands for every element of a list (``trainer.stages[]``).
+
+    Each composed value of the section is checked against its field's annotation and the
+    bounds in the field's metadata (:func:`cuda_agent.core.configcheck.bounds`).
+    """
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add subcommands to the ``cuda-agent`` command line (a ``click.Group``)."""
 

@@ -13,6 +13,13 @@ def register_config_fragments(register):
 
 
 @hookimpl
+def register_config_schemas(register):
+    from .options import EvalOptions
+
+    register("eval", EvalOptions)
+
+
+@hookimpl
 def register_commands(cli):
     from .commands import register
 

@@ -22,6 +22,15 @@ def register_config_fragments(register):
 
 
 @hookimpl
+def register_config_schemas(register):
+    from .environment import EnvironmentOptions
+    from .service import ServiceOptions
+
+    register("service", ServiceOptions)
+    register("environment", EnvironmentOptions)
+
+
+@hookimpl
 def register_compilers(register):
     from .compilers import CppExtensionCompiler, GxxCompiler, NvccCompiler
 

@@ -28,6 +28,21 @@ def register_config_fragments(register):
 
 
 @hookimpl
+def register_config_schemas(register):
+    from cuda_agent.core.agent import AgentOptions
+
+    from .engine import EngineOptions
+    from .rollout import RolloutOptions
+    from .stages import StageSpec
+
+    register("trainer.rollout", RolloutOptions)
+    register("trainer.engine", EngineOptions)
+    register("trainer.stages[]", StageSpec)
+    register("trainer.stages[].agent", AgentOptions)
+    register("trainer.agent_defaults", AgentOptions)
+
+
+@hookimpl
 def register_commands(cli):
     from .cli import train_cmd
 

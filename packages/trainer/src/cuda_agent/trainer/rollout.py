@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.core.agent import AgentOptions, run_episode
+from cuda_agent.core.configcheck import bounds
 from cuda_agent.core.types import Task, Trajectory
+
+
+@dataclass
+class RolloutOptions:
+    """The types and bounds of ``trainer.rollout`` (checked when the config is composed; the
+    defaults live in ``configs/trainer.yaml``)."""
+
+    engine: str  # actor (batched HF generate on the trained weights) | policy (the run's policy plugin)
+    concurrency: int = field(metadata=bounds(min=1))  # episodes in flight
+    max_batch: int = field(metadata=bounds(min=1))  # generation requests batched together
+    temperature: float = field(metadata=bounds(min=0.0))
+    top_p: float = field(metadata=bounds(min=0.0, max=1.0))
+    max_new_tokens: int = field(metadata=bounds(min=1))
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from cuda_agent.core.configcheck import bounds
 from cuda_agent.core.errors import ConfigError, did_you_mean
 
 from . import checkpoint as ckpt
@@ -38,14 +39,14 @@ STAGE_KEYS = ("name", "algorithm", "steps", "agent", "samples_per_task", "critic
 @dataclass
 class StageSpec:
     name: str
-    algorithm: dict
-    steps: int = 1
+    algorithm: dict | str  # {name, options}; a bare name in the config (parse makes it a mapping)
+    steps: int = field(default=1, metadata=bounds(min=0))
     agent: dict = field(default_factory=dict)  # AgentOptions overrides: max_turns, context_tokens, ...
-    samples_per_task: int | None = None  # default: grpo group_size, else 1
+    samples_per_task: int | None = field(default=None, metadata=bounds(min=1))  # default: grpo group_size, else 1
     critic_init: str = "previous"  # previous (latest critic of an earlier stage, else the actor) | actor
     environment: dict | None = None
     dataset: dict | None = None
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = field(default=None, metadata=bounds(min=0))
 
     @classmethod
     def parse(cls, raw: dict, index: int) -> "StageSpec":
