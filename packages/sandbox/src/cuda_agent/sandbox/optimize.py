@@ -12,7 +12,6 @@ The output folder holds:
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from dataclasses import fields
@@ -257,17 +256,9 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
             bar.close()
             env.close()
         traj.metadata["backend"] = backend
-        TrajectoryStore(out_dir / "trajectories.jsonl").append(traj)
-        (out_dir / "transcript.md").write_text(render_transcript(traj))
+        _write_records(out_dir, env.ws.root, traj)
         if traj.best is not None:
-            best_dir = out_dir / "best"
-            for rel, text in traj.best.files.items():
-                dest = best_dir / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text(text)
-            runtime = env.ws.root / "cuda_agent_runtime.py"
-            if runtime.exists():
-                shutil.copyfile(runtime, best_dir / "cuda_agent_runtime.py")
+            _write_best(out_dir / "best", env.ws.root, traj.best.files)
         policy_name = str(cfg.policy.name)
         model = str(cfg.policy.get("options", {}).get("model", "") or "")
         rep = build_report(task, model_path, traj, backend, policy_name, model, out_dir)
@@ -277,6 +268,37 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
         run.log.info("optimize.done", task=task.id, verified=rep["verified"], finish=traj.finish_reason,
                      speedup_vs_compile=rep["speedup_vs_compile"], turns=rep["turns"])
     return rep
+
+
+def _write_records(out_dir: Path, ws_root: Path, traj: Trajectory) -> None:
+    """trajectories.jsonl and transcript.md, with the workspace's permissions (they hold its files)."""
+    from .workspace import record_access
+
+    TrajectoryStore(out_dir / "trajectories.jsonl").append(traj)
+    (out_dir / "transcript.md").write_text(render_transcript(traj))
+    for name in ("trajectories.jsonl", "transcript.md"):
+        record_access(out_dir / name, ws_root)
+
+
+def _write_best(best_dir: Path, ws_root: Path, files: dict[str, str]) -> None:
+    """The best version's files (snapshot text, agent paths only) and the runtime loader,
+    read from the workspace without following links."""
+    from cuda_agent.core.safefs import Tree, UnsafePath
+
+    from .workspace import is_agent_path
+
+    for rel, text in files.items():
+        if not is_agent_path(rel):
+            continue
+        dest = best_dir / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+    try:
+        runtime = Tree(ws_root).read_bytes("cuda_agent_runtime.py")
+    except (OSError, UnsafePath):
+        return
+    best_dir.mkdir(parents=True, exist_ok=True)
+    (best_dir / "cuda_agent_runtime.py").write_bytes(runtime)
 
 
 def _summary(rep: dict) -> str:

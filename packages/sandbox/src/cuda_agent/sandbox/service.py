@@ -45,7 +45,11 @@ from cuda_agent.core.types import (
     to_jsonable,
 )
 
+from cuda_agent.core.safefs import Tree, UnsafePath
+
 from .executors.jobs import Job, JobError, format_seconds
+from .frozen import frozen_sources, name_workspace
+from .workspace import agent_fingerprint, agent_refusals, append_record, snapshot_files
 
 SOCKET_NAME = "service.sock"
 STATE_DIR = ".cuda_agent"
@@ -102,13 +106,16 @@ class ServiceOptions:
 # --- compile job (runs in the compile worker) ----------------------------------------
 
 
-def compile_job(compiler: Any, workspace: str) -> CompileResult:
-    """Build ``workspace`` with ``compiler`` (a Compiler instance, or a {name, options} spec)."""
+def compile_job(compiler: Any, workspace: str, build_dir: str | None = None) -> CompileResult:
+    """Build ``workspace`` with ``compiler`` (a Compiler instance, or a {name, options} spec)
+    into ``build_dir`` (default: the workspace's own)."""
     if isinstance(compiler, (dict, str)):
         from cuda_agent.core.plugins import get_plugin_manager
 
         compiler = get_plugin_manager().create("compiler", compiler)
-    return compiler.build(Path(workspace))
+    if build_dir is None:
+        return compiler.build(Path(workspace))
+    return compiler.build(Path(workspace), Path(build_dir))
 
 
 # --- text for the agent ----------------------------------------------------------------
@@ -278,27 +285,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 # --- the service ----------------------------------------------------------------------------
 
 
+def _refused_compile(refused: list[str]) -> CompileResult:
+    return CompileResult(ok=False, errors=list(refused[:8]))
+
+
+def _refused_outcome(refused: list[str]) -> CandidateOutcome:
+    """The outcome of files that were not built or run (nothing of them was executed)."""
+    c = _refused_compile(refused)
+    return CandidateOutcome(compile=c, verify=VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR,
+                                                           message=f"not built or run: {c.errors[0]}"))
+
+
+CHANGED = ("model_new.py or kernels/ changed while they were being built and checked (a background process "
+           "writing them?); no result of this run is kept: run the tool again once your files are written")
+
+
+def _changed_compile() -> CompileResult:
+    return _refused_compile([CHANGED])
+
+
 def _files_hash(files: dict[str, str], extra: str = "") -> str:
     h = hashlib.sha256()
     for k in sorted(files):
         h.update(k.encode() + b"\0" + files[k].encode("utf-8", "replace") + b"\0")
     h.update(extra.encode())
     return h.hexdigest()[:16]
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    """Agent-written files when the workspace object offers no snapshot()."""
-    out: dict[str, str] = {}
-    for rel in ["model_new.py"]:
-        p = root / rel
-        if p.is_file():
-            out[rel] = p.read_text(errors="replace")
-    kdir = root / "kernels"
-    if kdir.is_dir():
-        for p in sorted(kdir.rglob("*")):
-            if p.is_file() and p.stat().st_size < 2_000_000:
-                out[str(p.relative_to(root))] = p.read_text(errors="replace")
-    return out
 
 
 class WorkspaceService:
@@ -489,17 +500,18 @@ class WorkspaceService:
     # -- snapshot and cache --------------------------------------------------------------
 
     def snapshot(self) -> dict[str, str]:
-        snap = getattr(self.workspace, "snapshot", None)
-        if callable(snap):
-            try:
-                return dict(snap())
-            except Exception:
-                pass
-        return _snapshot(self.root)
+        """The agent's files, read without following any link (see :mod:`.workspace`)."""
+        return snapshot_files(self.root)
+
+    def refusals(self) -> list[str]:
+        """Why the agent's files are not built or judged as they are (links, hard links...)."""
+        return agent_refusals(self.root)
 
     def _key(self, files: dict[str, str]) -> str:
-        model = self.root / "model.py"
-        extra = model.read_text(errors="replace") if model.is_file() else ""
+        try:
+            extra = Tree(self.root).read_text("model.py")
+        except (OSError, UnsafePath):
+            extra = ""
         extra += json.dumps(to_jsonable(self.options.verify_options), sort_keys=True)
         extra += json.dumps(to_jsonable(self.options.profile_options), sort_keys=True)
         return _files_hash(files, extra)
@@ -508,24 +520,36 @@ class WorkspaceService:
 
     def compile(self) -> CompileResult:
         with self._lock:
-            return self._compile()
+            refused = self.refusals()
+            if refused:
+                return _refused_compile(refused)
+            before = agent_fingerprint(self.root)
+            c = self._compile()
+            return c if agent_fingerprint(self.root) == before else _changed_compile()
 
     def _compile(self) -> CompileResult:
+        """Build a private copy of the sources (see :mod:`.frozen`) into the workspace's
+        build folder."""
+        with frozen_sources(self.root) as src:
+            return name_workspace(self._build(src), src, self.root)
+
+    def _build(self, src: Path) -> CompileResult:
         t0 = time.monotonic()
+        build_dir = self.state_dir / "build"
         if self.options.compile_in == "inline":
             try:
-                return self.compiler.build(self.root)
+                return self.compiler.build(src, build_dir)
             except CudaAgentError as exc:
                 return CompileResult(ok=False, errors=[exc.one_line()], seconds=time.monotonic() - t0)
         job = Job("cuda_agent.sandbox.service:compile_job",
-                  {"compiler": self.compiler, "workspace": str(self.root)},
+                  {"compiler": self.compiler, "workspace": str(src), "build_dir": str(build_dir)},
                   kind="compile", timeout=self.options.compile_timeout, pass_device=False)
         try:
             return self._compile_executor().submit(job).result()
         except JobError as exc:
             if exc.reason == "invalid":  # the compiler object cannot travel to a worker: build here
                 try:
-                    return self.compiler.build(self.root)
+                    return self.compiler.build(src, build_dir)
                 except CudaAgentError as err:
                     return CompileResult(ok=False, errors=[err.one_line()], seconds=time.monotonic() - t0)
             if exc.reason == "timeout":
@@ -601,67 +625,86 @@ class WorkspaceService:
     def _request(self, kind: str, fresh: bool = False) -> dict:
         with self._lock:
             t0 = time.monotonic()
+            before = agent_fingerprint(self.root)
             files = self.snapshot()
             key = self._key(files)
-            cached = None if fresh or not self.options.reuse_results else self._cache.get(key)
-            c = self._compile()
-            outcome = CandidateOutcome(compile=c)
-            reused: list[str] = []
-            want_verify = kind == "verify" or kind == "evaluate" or self.options.profile_verifies
-            want_profile = kind in ("profile", "evaluate")
-            cached_v = c.ok and cached and cached.get("verify") is not None and cached["verify"].ok
-            if want_verify and want_profile and c.ok and not cached_v and self.options.evaluate_job:
-                both = self._evaluate_job()
-                if both is not None:
-                    outcome.verify, outcome.profile = both
-                    want_verify = want_profile = False
-            if want_verify:
-                if c.ok and cached and cached.get("verify") is not None and cached["verify"].ok:
-                    outcome.verify = cached["verify"]
-                    reused.append("verify")
-                else:
-                    outcome.verify = self._verify(c)
-            if want_profile and c.ok and (outcome.verify is None or outcome.verify.ok):
-                if cached and cached.get("profile") is not None and cached["profile"].ok:
-                    outcome.profile = cached["profile"]
-                    reused.append("profile")
-                else:
-                    outcome.profile = self._profile()
-            if c.ok and self.options.reuse_results:
+            refused = self.refusals()
+            if refused:  # links and the like: nothing is built or run of them
+                return self._record(kind, t0, files, key, _refused_outcome(refused), [])
+            outcome, reused = self._judge(kind, key, fresh)
+            if agent_fingerprint(self.root) != before:
+                # an entry was replaced or written meanwhile: what the tools read may not be what
+                # the agent could read, and the verdict may not be the snapshot's: none is kept
+                return self._record(kind, t0, files, key, _refused_outcome([CHANGED]), [])
+            if outcome.compile is not None and outcome.compile.ok and self.options.reuse_results:
                 slot = self._cache.setdefault(key, {})
                 if outcome.verify is not None and outcome.verify.ok:
                     slot["verify"] = outcome.verify
                 if outcome.profile is not None and outcome.profile.ok:
                     slot["profile"] = outcome.profile
-            reward = None
+            return self._record(kind, t0, files, key, outcome, reused)
+
+    def _judge(self, kind: str, key: str, fresh: bool) -> tuple[CandidateOutcome, list[str]]:
+        """Compile, verify and profile the current files as ``kind`` asks; which results
+        came from the cache."""
+        cached = None if fresh or not self.options.reuse_results else self._cache.get(key)
+        c = self._compile()
+        outcome = CandidateOutcome(compile=c)
+        reused: list[str] = []
+        want_verify = kind == "verify" or kind == "evaluate" or self.options.profile_verifies
+        want_profile = kind in ("profile", "evaluate")
+        cached_v = c.ok and cached and cached.get("verify") is not None and cached["verify"].ok
+        if want_verify and want_profile and c.ok and not cached_v and self.options.evaluate_job:
+            both = self._evaluate_job()
+            if both is not None:
+                outcome.verify, outcome.profile = both
+                want_verify = want_profile = False
+        if want_verify:
+            if cached_v:
+                outcome.verify = cached["verify"]
+                reused.append("verify")
+            else:
+                outcome.verify = self._verify(c)
+        if want_profile and c.ok and (outcome.verify is None or outcome.verify.ok):
+            if cached and cached.get("profile") is not None and cached["profile"].ok:
+                outcome.profile = cached["profile"]
+                reused.append("profile")
+            else:
+                outcome.profile = self._profile()
+        return outcome, reused
+
+    def _record(self, kind: str, t0: float, files: dict[str, str], key: str, outcome: CandidateOutcome,
+                reused: list[str]) -> dict:
+        """Score ``outcome``, keep it in the history and report it to ``on_result``."""
+        reward = None
+        try:
+            reward = self.reward.score(outcome) if self.reward is not None else None
+        except Exception as exc:
+            self._log_error(exc)
+        self._seq += 1
+        entry = {
+            "id": self._seq,
+            "kind": kind,
+            "time": time.time(),
+            "seconds": time.monotonic() - t0,
+            "files": files,
+            "files_hash": key,
+            "outcome": outcome,
+            "reward": reward,
+            "reused": reused,
+            **self.context,
+        }
+        if kind != "compile":
+            self.history.append(entry)
+            if len(self.history) > self.options.history_limit:
+                del self.history[: len(self.history) - self.options.history_limit]
+            self._append_history_file(entry)
+        if self.on_result is not None:
             try:
-                reward = self.reward.score(outcome) if self.reward is not None else None
+                self.on_result(entry)
             except Exception as exc:
                 self._log_error(exc)
-            self._seq += 1
-            entry = {
-                "id": self._seq,
-                "kind": kind,
-                "time": time.time(),
-                "seconds": time.monotonic() - t0,
-                "files": files,
-                "files_hash": key,
-                "outcome": outcome,
-                "reward": reward,
-                "reused": reused,
-                **self.context,
-            }
-            if kind != "compile":
-                self.history.append(entry)
-                if len(self.history) > self.options.history_limit:
-                    del self.history[: len(self.history) - self.options.history_limit]
-                self._append_history_file(entry)
-            if self.on_result is not None:
-                try:
-                    self.on_result(entry)
-                except Exception as exc:
-                    self._log_error(exc)
-            return entry
+        return entry
 
     # -- HTTP glue ---------------------------------------------------------------------------
 
@@ -714,9 +757,8 @@ class WorkspaceService:
             return
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            line = json.dumps(to_jsonable(entry), default=str)
-            with open(self.state_dir / self.options.history_file, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            line = (json.dumps(to_jsonable(entry), default=str) + "\n").encode()
+            append_record(self.state_dir / self.options.history_file, line, self.root)
         except (OSError, TypeError, ValueError) as exc:
             self._log_error(exc)
 

@@ -14,12 +14,14 @@ Layout (``cuda`` backend with the ``cpp_extension`` compiler)::
     .cuda_agent/           service socket, build folder, state (not the agent's)
 
 Only ``model_new.py`` and ``kernels/`` are the agent's; :meth:`Workspace.snapshot` and
-:meth:`Workspace.restore` move exactly those.
+:meth:`Workspace.restore` move exactly those, through :class:`~cuda_agent.core.safefs.Tree`
+(no symbolic link is followed, so nothing outside the workspace is read or written).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cuda_agent.core.errors import CudaAgentError, TaskError
+from cuda_agent.core.safefs import Tree, UnsafePath, file_refusal
 from cuda_agent.core.types import Task
 
 BACKENDS = ("cuda", "cpu")
@@ -109,6 +112,114 @@ def _chmod_readonly(path: Path) -> None:
         path.chmod(0o444)
 
 
+def is_agent_path(rel: str) -> bool:
+    """Whether ``rel`` names one of the agent's files (model_new.py, kernels/...)."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts or "." in parts:
+        return False
+    return rel in AGENT_FILES or (parts[0] in AGENT_DIRS and len(parts) > 1)
+
+
+def _agent_entries(tree: Tree) -> list[tuple[str, os.stat_result]]:
+    """Every entry of the agent's part of the workspace (links as links, never entered)."""
+    out = []
+    for name in (*AGENT_FILES, *AGENT_DIRS):
+        try:
+            st = tree.lstat(name)
+        except UnsafePath:
+            continue
+        if st is None:
+            continue
+        out.append((name, st))
+        if name in AGENT_DIRS and stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(UnsafePath, OSError):
+                out.extend(tree.walk(name))
+    return out
+
+
+def agent_paths(root: str | os.PathLike) -> list[str]:
+    """The agent's source files: regular files with one name, no link on the way."""
+    out = []
+    for rel, st in _agent_entries(Tree(root)):
+        if file_refusal(st, rel) is not None:
+            continue
+        if rel in AGENT_FILES or Path(rel).suffix in SNAPSHOT_SUFFIXES:
+            out.append(rel)
+    return out
+
+
+def snapshot_files(root: str | os.PathLike) -> dict[str, str]:
+    """``{relative path: text}`` of the agent's files, read without following any link."""
+    tree = Tree(root)
+    files = {}
+    for rel in agent_paths(root):
+        try:
+            data = tree.read_bytes(rel, MAX_SNAPSHOT_FILE + 1)
+        except (OSError, UnsafePath):
+            continue  # changed since it was listed
+        if len(data) <= MAX_SNAPSHOT_FILE:
+            files[rel] = data.decode("utf-8", errors="replace")
+    return files
+
+
+def agent_refusals(root: str | os.PathLike) -> list[str]:
+    """One line per entry of the agent's files that no tool builds, reads or judges: links
+    (named with their target), files with several hard links, FIFOs and devices."""
+    tree = Tree(root)
+    out = []
+    for rel, st in _agent_entries(tree):
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = tree.readlink(rel)
+            except (OSError, UnsafePath):
+                target = "?"
+            out.append(str(tree.link_error(rel, target)))
+            continue
+        why = file_refusal(st, rel)
+        if why is not None:
+            out.append(str(why))
+    return out
+
+
+def agent_fingerprint(root: str | os.PathLike) -> tuple:
+    """Identity of every entry of the agent's files (inode, change time, size): equal
+    before and after an operation only when no entry was replaced, added or written."""
+    return tuple((rel, st.st_mode, st.st_ino, st.st_ctime_ns, st.st_size) for rel, st in _agent_entries(Tree(root)))
+
+
+RECORD_MODE = 0o640  # records of a workspace: its owner's, its group may read, others nothing
+
+
+def _record_fd(fd: int, workspace_root: str | os.PathLike) -> None:
+    os.fchmod(fd, RECORD_MODE)
+    if os.geteuid() == 0:
+        os.fchown(fd, 0, os.stat(workspace_root).st_gid)
+
+
+def record_access(path: str | os.PathLike, workspace_root: str | os.PathLike) -> None:
+    """Give a record of the workspace (its history, a trajectory, a transcript) the
+    workspace's permissions: root's, the group of the workspace folder may read it, no one else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _record_fd(fd, workspace_root)
+    finally:
+        os.close(fd)
+
+
+def append_record(path: str | os.PathLike, data: bytes, workspace_root: str | os.PathLike) -> None:
+    """Append ``data`` to a record file (never through a link), with the workspace's permissions."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, RECORD_MODE)
+    try:
+        _record_fd(fd, workspace_root)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Workspace:
     root: Path
@@ -149,78 +260,77 @@ class Workspace:
         return cls(**{k: d[k] for k in ("root", "backend", "compiler", "protected", "task_id") if k in d})
 
     # -- the agent's files ------------------------------------------------------------
+    # Read and written as root by the service and the environment: only through the
+    # workspace's Tree (cuda_agent.core.safefs), which follows no symbolic link.
+
+    @property
+    def tree(self) -> Tree:
+        return Tree(self.root)
 
     def agent_paths(self) -> list[str]:
-        out = [f for f in AGENT_FILES if (self.root / f).is_file()]
-        for d in AGENT_DIRS:
-            base = self.root / d
-            if base.is_dir():
-                for p in sorted(base.rglob("*")):
-                    if p.is_file() and not p.is_symlink() and p.suffix in SNAPSHOT_SUFFIXES:
-                        if not self._inside(p):
-                            continue
-                        out.append(str(p.relative_to(self.root)))
-        return out
-
-    def _inside(self, p: Path) -> bool:
-        try:
-            p.resolve().relative_to(self.root.resolve())
-            return True
-        except ValueError:
-            return False
+        return agent_paths(self.root)
 
     def snapshot(self) -> dict[str, str]:
         """``{relative path: text}`` of the agent-written files (model_new.py, kernels/**)."""
-        files = {}
-        for rel in self.agent_paths():
-            p = self.root / rel
-            if p.stat().st_size > MAX_SNAPSHOT_FILE:
-                continue
-            files[rel] = p.read_text(errors="replace")
-        return files
+        return snapshot_files(self.root)
+
+    def refusals(self) -> list[str]:
+        """Why the agent's files cannot be built or judged as they are (links, hard links...)."""
+        return agent_refusals(self.root)
+
+    def fingerprint(self) -> tuple:
+        return agent_fingerprint(self.root)
 
     def is_agent_path(self, rel: str) -> bool:
-        parts = Path(rel).parts
-        if not parts or Path(rel).is_absolute() or ".." in parts:
-            return False
-        return rel in AGENT_FILES or (parts[0] in AGENT_DIRS and len(parts) > 1)
+        return is_agent_path(rel)
 
-    def restore(self, files: dict[str, str]) -> None:
-        """Make the agent's files exactly ``files`` (others under kernels/ are removed)."""
+    def restore(self, files: dict[str, str]) -> list[str]:
+        """Make the agent's files exactly ``files`` (others under kernels/ are removed).
+
+        Nothing is written through a link: a link (or a file) in the way of a path to
+        write is removed, the link itself, never what it points to. Returns what was
+        removed that way."""
         for rel in files:
-            if not self.is_agent_path(rel):
+            if not is_agent_path(rel):
                 raise WorkspaceError(f"restore: {rel!r} is not an agent file (model_new.py or kernels/...)")
-        for rel in self.agent_paths():
-            if rel not in files and rel not in AGENT_FILES:
-                (self.root / rel).unlink()
+        tree = self.tree
+        removed = []
+        sources = set(agent_paths(self.root))
+        for rel, st in _agent_entries(tree):
+            if stat.S_ISLNK(st.st_mode) or (rel in sources and rel not in files and rel not in AGENT_FILES):
+                with contextlib.suppress(OSError, UnsafePath):
+                    tree.unlink(rel)
+                    if stat.S_ISLNK(st.st_mode):
+                        removed.append(rel)
         for rel, text in files.items():
-            p = self.root / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            if p.is_symlink():
-                p.unlink()
-            existed = p.exists()
-            p.write_text(text)  # an existing file keeps its owner and mode
-            if not existed and os.geteuid() == 0 and (self.root / "kernels").is_dir():
-                st = (self.root / "kernels").stat()  # new files belong to the agent (the sandbox's uid)
-                os.chown(p, st.st_uid, st.st_gid)
+            for _ in range(len(Path(rel).parts) + 1):
+                try:
+                    tree.write_text(rel, text, make_dirs=True)  # an existing file keeps its owner and mode
+                    break
+                except UnsafePath as exc:
+                    if exc.kind not in ("link", "not_folder", "hard_link", "special") or not (
+                            exc.where == "kernels" or is_agent_path(exc.where)):
+                        raise WorkspaceError(f"restore: {exc}") from None
+                    tree.unlink(exc.where)
+                    removed.append(exc.where)
+            else:
+                raise WorkspaceError(f"restore: cannot write {rel}: its path keeps changing")
+        return removed
 
     # -- access rules -----------------------------------------------------------------
 
     def check_path(self, path: str | os.PathLike, write: bool = False) -> str | None:
         """Why the agent may not read/write ``path`` (None when it may)."""
-        p = Path(path)
-        if not p.is_absolute():
-            p = self.root / p
-        root = self.root.resolve()
+        tree = self.tree
         try:
-            rel = p.resolve().relative_to(root)
-        except ValueError:
-            return f"{path} is outside the workspace {root}"
-        rel_s = str(rel)
-        if rel_s == ".":
+            parts = tree.parts(path)
+            tree.lstat(path)
+        except UnsafePath as exc:
+            return str(exc)
+        rel_s = "/".join(parts)
+        if not parts:
             return None
-        first = rel.parts[0]
-        if first == STATE_DIR:
+        if parts[0] == STATE_DIR:
             return f"{path}: the {STATE_DIR}/ folder belongs to the tools, not to you"
         if write:
             for prot in self.protected:

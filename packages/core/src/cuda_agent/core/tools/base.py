@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..safefs import Tree, UnsafePath
 from ..types import ToolResult
+
+TREE_KEY = "files.tree"
 
 
 class ToolError(Exception):
@@ -64,8 +67,8 @@ Spawn = Callable[..., Any]
 class ToolContext:
     """Per-episode context handed to :meth:`AgentTool.call`.
 
-    ``workspace``: the folder the agent works in; file tools resolve paths against it and
-    refuse paths outside it. ``protected``: workspace-relative paths (files or folders) the
+    ``workspace``: the folder the agent works in; file tools reach it through :attr:`tree`
+    (no symbolic link is followed) and refuse paths outside it. ``protected``: workspace-relative paths (files or folders) the
     agent may read but never write. ``spawn(argv, env=None)``: starts a process inside the
     sandbox (the sandbox session's ``spawn``); a local process in the workspace by default.
     ``env``: extra environment variables for shell commands. ``state``: free per-episode
@@ -90,29 +93,36 @@ class ToolContext:
             return self.spawn(argv, env=merged)
         return LocalProcess(argv, self.workspace, merged)
 
-    def resolve(self, path: str, for_write: bool = False) -> Path:
-        """Absolute path of ``path`` (relative to the workspace); ToolError outside it or protected."""
+    @property
+    def tree(self) -> Tree:
+        """The workspace, reached without following symbolic links (:mod:`cuda_agent.core.safefs`)."""
+        tree = self.state.get(TREE_KEY)
+        if tree is None or tree.root != self.workspace:
+            tree = self.state[TREE_KEY] = Tree(self.workspace)
+        return tree
+
+    def locate(self, path: str, for_write: bool = False) -> str:
+        """``path`` as a workspace-relative path ("." for the workspace itself); ToolError
+        when it leaves the workspace, or names a protected path and ``for_write``. Links
+        are not resolved: the file operations refuse them (see :attr:`tree`)."""
         if not isinstance(path, str) or not path.strip():
             raise ToolError("a file path is required")
-        p = Path(path)
-        if not p.is_absolute():
-            p = self.workspace / p
-        p = Path(os.path.normpath(p))
-        real = p.resolve()
-        if real != self.workspace and self.workspace not in real.parents:
-            raise ToolError(f"{path}: outside the workspace {self.workspace}")
+        try:
+            rel = self.tree.rel(path)
+        except UnsafePath as exc:
+            raise ToolError(str(exc)) from None
         if for_write:
-            rel = self.relative(real)
             for prot in self.protected:
                 prot = prot.strip("/")
                 if rel == prot or rel.startswith(prot + "/"):
                     raise ToolError(f"{rel} is read-only (protected); write only your own files")
-        return real
+        return rel
 
-    def relative(self, path: Path) -> str:
+    def relative(self, path: Path | str) -> str:
+        """A path of the workspace as the agent names it (relative to the workspace)."""
         try:
-            return Path(path).resolve().relative_to(self.workspace).as_posix()
-        except ValueError:
+            return self.tree.rel(str(path))
+        except UnsafePath:
             return str(path)
 
     def on_close(self, fn: Callable[[], None]) -> None:

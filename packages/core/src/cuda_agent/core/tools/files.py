@@ -1,38 +1,69 @@
-"""File tools: ``read``, ``write`` (only after reading an existing file), ``edit``, ``multi_edit``."""
+"""File tools: ``read``, ``write`` (only after reading an existing file), ``edit``, ``multi_edit``.
+
+They run host-side, often with more rights than the agent, so every path goes through the
+workspace's :class:`~cuda_agent.core.safefs.Tree`: no symbolic link is followed."""
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..interfaces import AgentTool
+from ..safefs import UnsafePath
 from .base import ToolContext, ToolError, function_schema, ok
 
-READ_KEY = "files.read"  # abs path -> mtime_ns when the agent last read or wrote it
+READ_KEY = "files.read"  # workspace-relative path -> mtime_ns when the agent last read or wrote it
 
 
-def _mark_read(ctx: ToolContext, path: Path) -> None:
-    ctx.state.setdefault(READ_KEY, {})[str(path)] = path.stat().st_mtime_ns
+def _stat(ctx: ToolContext, rel: str):
+    try:
+        return ctx.tree.lstat(rel)
+    except UnsafePath as exc:
+        raise ToolError(str(exc)) from None
+    except OSError as exc:
+        raise ToolError(f"{rel}: {exc.strerror}") from None
 
 
-def _require_read(ctx: ToolContext, path: Path, verb: str) -> None:
-    seen = ctx.state.get(READ_KEY, {}).get(str(path))
-    rel = ctx.relative(path)
+def _mark_read(ctx: ToolContext, rel: str) -> None:
+    st = _stat(ctx, rel)
+    if st is not None:
+        ctx.state.setdefault(READ_KEY, {})[rel] = st.st_mtime_ns
+
+
+def _require_read(ctx: ToolContext, rel: str, verb: str) -> None:
+    seen = ctx.state.get(READ_KEY, {}).get(rel)
     if seen is None:
         raise ToolError(f"read {rel} before you {verb} it")
-    if path.stat().st_mtime_ns != seen:
+    st = _stat(ctx, rel)
+    if st is None or st.st_mtime_ns != seen:
         raise ToolError(f"{rel} changed since you last read it; read it again before you {verb} it")
 
 
-def _read_text(path: Path, rel: str) -> str:
-    if not path.exists():
+def _read_text(ctx: ToolContext, rel: str) -> str:
+    """The text of a workspace file, never through a link (see :mod:`cuda_agent.core.safefs`)."""
+    st = _stat(ctx, rel)
+    if st is None:
         raise ToolError(f"{rel}: no such file")
-    if path.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise ToolError(f"{rel} is a directory; use glob or bash ls to list it")
-    data = path.read_bytes()
+    try:
+        data = ctx.tree.read_bytes(rel)
+    except UnsafePath as exc:
+        raise ToolError(str(exc)) from None
+    except OSError as exc:
+        raise ToolError(f"{rel}: cannot read: {exc.strerror}") from None
     if b"\x00" in data[:8192]:
         raise ToolError(f"{rel} is a binary file")
     return data.decode("utf-8", errors="replace")
+
+
+def _write_text(ctx: ToolContext, rel: str, text: str) -> bool:
+    try:
+        return ctx.tree.write_text(rel, text, make_dirs=True)
+    except UnsafePath as exc:
+        raise ToolError(str(exc)) from None
+    except OSError as exc:
+        raise ToolError(f"{rel}: cannot write: {exc.strerror}") from None
 
 
 @dataclass
@@ -60,10 +91,9 @@ class ReadTool(AgentTool):
         )
 
     def call(self, arguments: dict, context: ToolContext):
-        path = context.resolve(arguments.get("path", ""))
-        rel = context.relative(path)
-        text = _read_text(path, rel)
-        _mark_read(context, path)
+        rel = context.locate(arguments.get("path", ""))
+        text = _read_text(context, rel)
+        _mark_read(context, rel)
         lines = text.splitlines()
         try:
             offset = max(1, int(arguments.get("offset") or 1))
@@ -102,19 +132,20 @@ class WriteTool(AgentTool):
         )
 
     def call(self, arguments: dict, context: ToolContext):
-        path = context.resolve(arguments.get("path", ""), for_write=True)
+        rel = context.locate(arguments.get("path", ""), for_write=True)
         content = arguments.get("content")
         if not isinstance(content, str):
             raise ToolError("write: 'content' must be a string")
-        rel = context.relative(path)
-        if path.is_dir():
+        st = _stat(context, rel)
+        if st is not None and stat.S_ISDIR(st.st_mode):
             raise ToolError(f"{rel} is a directory")
-        existed = path.exists()
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise ToolError(str(context.tree.link_error(rel, context.tree.readlink(rel))))
+        existed = st is not None
         if existed:
-            _require_read(context, path, "overwrite")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-        _mark_read(context, path)
+            _require_read(context, rel, "overwrite")
+        _write_text(context, rel, content)
+        _mark_read(context, rel)
         n = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
         return ok(self.name, f"{'overwrote' if existed else 'created'} {rel} ({n} lines)")
 
@@ -157,15 +188,14 @@ class EditTool(AgentTool):
         )
 
     def call(self, arguments: dict, context: ToolContext):
-        path = context.resolve(arguments.get("path", ""), for_write=True)
-        rel = context.relative(path)
-        text = _read_text(path, rel)
-        _require_read(context, path, "edit")
+        rel = context.locate(arguments.get("path", ""), for_write=True)
+        text = _read_text(context, rel)
+        _require_read(context, rel, "edit")
         new = _apply_edit(
             text, arguments.get("old_string"), arguments.get("new_string"), bool(arguments.get("replace_all")), rel
         )
-        path.write_text(new)
-        _mark_read(context, path)
+        _write_text(context, rel, new)
+        _mark_read(context, rel)
         return ok(self.name, f"edited {rel}")
 
 
@@ -193,19 +223,18 @@ class MultiEditTool(AgentTool):
         )
 
     def call(self, arguments: dict, context: ToolContext):
-        path = context.resolve(arguments.get("path", ""), for_write=True)
-        rel = context.relative(path)
+        rel = context.locate(arguments.get("path", ""), for_write=True)
         edits = arguments.get("edits")
         if not isinstance(edits, list) or not edits:
             raise ToolError("multi_edit: 'edits' must be a non-empty list")
-        text = _read_text(path, rel)
-        _require_read(context, path, "edit")
+        text = _read_text(context, rel)
+        _require_read(context, rel, "edit")
         for i, e in enumerate(edits, start=1):
             if not isinstance(e, dict):
                 raise ToolError(f"edit {i}: must be an object with old_string and new_string")
             text = _apply_edit(
                 text, e.get("old_string"), e.get("new_string"), bool(e.get("replace_all")), rel, f"edit {i}: "
             )
-        path.write_text(text)
-        _mark_read(context, path)
+        _write_text(context, rel, text)
+        _mark_read(context, rel)
         return ok(self.name, f"applied {len(edits)} edits to {rel}")
