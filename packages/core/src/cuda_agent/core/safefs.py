@@ -274,6 +274,38 @@ class Tree:
                         os.unlink(pname, dir_fd=pfd)
             os.rmdir(name, dir_fd=fd)
 
+    def set_owner(self, path: str | os.PathLike, uid: int | None, gid: int | None, mode) -> os.stat_result | None:
+        """Change a folder's or file's owner and mode through a descriptor (a link, or an
+        entry swapped for one meanwhile, is left alone: None). ``mode``: a number, or a
+        function of the entry's status returning one (None: keep the mode)."""
+        parts = self.parts(path)
+        if not parts:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            with self.folder(parts[:-1]) as dfd:
+                try:
+                    before = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                    if not (stat.S_ISDIR(before.st_mode) or stat.S_ISREG(before.st_mode)
+                            or stat.S_ISFIFO(before.st_mode)):
+                        return None  # links, sockets and devices are never opened
+                    fd = os.open(parts[-1], os.O_RDONLY | _FILE, dir_fd=dfd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOENT, errno.EOPNOTSUPP):
+                        return None  # swapped for a link, or gone
+                    raise
+        try:
+            st = os.fstat(fd)
+            if parts and (st.st_ino, st.st_dev) != (before.st_ino, before.st_dev):
+                return None  # replaced meanwhile
+            if uid is not None and (st.st_uid != uid or st.st_gid != gid):
+                os.fchown(fd, uid, -1 if gid is None else gid)
+            want = mode(st) if callable(mode) else mode
+            if want is not None and stat.S_IMODE(st.st_mode) != want:
+                os.fchmod(fd, want)
+            return st
+        finally:
+            os.close(fd)
+
     # -- walking --------------------------------------------------------------------------
 
     def walk(self, path: str | os.PathLike = ".", skip: frozenset[str] | set[str] = frozenset()

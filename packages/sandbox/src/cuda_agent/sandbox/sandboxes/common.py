@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.core.errors import CudaAgentError
+from cuda_agent.core.safefs import Tree, UnsafePath
 
 STATE_DIR = ".cuda_agent"
 
@@ -111,6 +112,10 @@ def _is_protected(rel: str, protected: list[str]) -> bool:
     return any(rel == p.rstrip("/") or rel.startswith(p.rstrip("/") + "/") for p in protected)
 
 
+def _agent_mode(st: os.stat_result) -> int:
+    return 0o770 if stat.S_ISDIR(st.st_mode) else (0o660 | (st.st_mode & 0o110))
+
+
 def apply_layout(root: Path, protected: list[str], uid: int | None, gid: int | None) -> None:
     """Make ``protected`` paths unwritable by the agent and the rest writable.
 
@@ -119,42 +124,39 @@ def apply_layout(root: Path, protected: list[str], uid: int | None, gid: int | N
     it does not own), protected files are ``root:root`` ``0444`` (folders ``0555``),
     everything else belongs to the agent, ``.cuda_agent`` is ``root:<gid>`` ``0750``.
     Without root only the modes are set, which the agent could undo (advisory).
+    Every change goes through a descriptor opened without following links
+    (:meth:`~cuda_agent.core.safefs.Tree.set_owner`): links are left as they are.
     """
     root = Path(root)
+    tree = Tree(root)
     owner = uid is not None and is_root()
-
-    def chown(p: Path, u: int, g: int) -> None:
-        if owner:
-            os.lchown(p, u, g)
-
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
+    for rel, st in list(tree.walk(".", skip={STATE_DIR})):
+        if stat.S_ISLNK(st.st_mode):
             continue
-        if rel == STATE_DIR or rel.startswith(STATE_DIR + "/"):
-            continue
-        if _is_protected(rel, protected):
-            chown(p, 0, 0)
-            p.chmod(0o555 if p.is_dir() else 0o444)
-        else:
-            chown(p, uid or 0, gid or 0)
-            mode = p.stat().st_mode
-            p.chmod((0o770 if p.is_dir() else (0o660 | (mode & 0o110))) if owner else stat.S_IMODE(mode) | stat.S_IWUSR)
+        with contextlib.suppress(OSError, UnsafePath):
+            if _is_protected(rel, protected):
+                tree.set_owner(rel, 0 if owner else None, 0, 0o555 if stat.S_ISDIR(st.st_mode) else 0o444)
+            elif owner:
+                tree.set_owner(rel, uid, gid, _agent_mode)
+            else:
+                tree.set_owner(rel, None, None, lambda s: stat.S_IMODE(s.st_mode) | stat.S_IWUSR)
     state = root / STATE_DIR
-    if state.exists():
-        chown(state, 0, gid or 0)
-        state.chmod(0o750 if owner else 0o755)
-        for sub in state.iterdir():
-            if sub.name == "service.sock":
-                sub.chmod(0o666)
-            elif sub.is_dir() and not sub.is_symlink():
-                sub.chmod(0o755)
+    if state.is_dir() and not state.is_symlink():
+        tree.set_owner(STATE_DIR, 0 if owner else None, gid or 0, 0o750 if owner else 0o755)
+        for name in os.listdir(state):
+            rel = f"{STATE_DIR}/{name}"
+            with contextlib.suppress(OSError, UnsafePath):
+                if name == "service.sock":
+                    sock = state / name
+                    if stat.S_ISSOCK(os.lstat(sock).st_mode):
+                        os.chmod(sock, 0o666)
+                elif stat.S_ISDIR(os.lstat(state / name).st_mode):
+                    tree.set_owner(rel, None, None, 0o755)
         if owner:  # jobs that run the agent's code as root drop to this user (see ..privdrop)
             from ..privdrop import record_user
 
             record_user(root, uid, gid)
-    chown(root, 0, gid or 0)
-    root.chmod(0o1770 if owner else 0o755)
+    tree.set_owner(".", 0 if owner else None, gid or 0, 0o1770 if owner else 0o755)
 
 
 # --- process handle ----------------------------------------------------------------------
@@ -238,31 +240,20 @@ def tree_size(root: Path, stop_at: int) -> int:
 
 def adopt_files(root: Path, protected: list[str], uid: int, gid: int) -> int:
     """Give the agent the files that host-side tools (the agent's write/edit tools run
-    outside the sandbox) created in its part of the workspace; returns how many changed."""
+    outside the sandbox) created in its part of the workspace; returns how many changed.
+    Links are never followed (see :func:`apply_layout`)."""
     changed = 0
-    root = Path(root)
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
+    tree = Tree(root)
+    try:
+        entries = list(tree.walk(".", skip={STATE_DIR}))
+    except (OSError, UnsafePath):
+        return 0
+    for rel, st in entries:
+        if st.st_uid == uid or stat.S_ISLNK(st.st_mode) or _is_protected(rel, protected):
             continue
-        for e in entries:
-            rel = os.path.relpath(e.path, root)
-            if rel == STATE_DIR or rel.startswith(STATE_DIR + "/") or _is_protected(rel, protected):
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-                is_dir = e.is_dir(follow_symlinks=False)
-                if st.st_uid != uid and not e.is_symlink():
-                    os.lchown(e.path, uid, gid)
-                    os.chmod(e.path, 0o770 if is_dir else (0o660 | (st.st_mode & 0o110)))
-                    changed += 1
-            except OSError:
-                continue
-            if is_dir:
-                stack.append(Path(e.path))
+        with contextlib.suppress(OSError, UnsafePath):
+            if tree.set_owner(rel, uid, gid, _agent_mode) is not None:
+                changed += 1
     return changed
 
 
