@@ -111,13 +111,39 @@ def test_retries_dropped_connection_and_server_errors(tmp_path):
     assert traj.turns[0].tool_results[0].content == "hi"
 
 
-def test_policy_gives_up_with_error_finish(tmp_path):
-    with ScriptedChatServer([{"status": 500}] * 3) as server:
-        env = env_for(tmp_path)
+def test_endpoint_down_is_an_infra_error_with_every_retry_logged(tmp_path):
+    """An endpoint that answers 500 past the retries ends the episode as an infrastructure
+    error: not the model's failure, so no reward; each retry is a line of the run's log.jsonl."""
+    from cuda_agent.core.config import compose
+    from cuda_agent.core.run import Run
+
+    finals = []
+
+    class Scored(FolderEnvironment):
+        def finalize(self, traj):
+            finals.append(traj.id)
+            return RewardResult(value=-1.0, reward="test")
+
+    cfg = compose([], [f"run.output_dir={tmp_path / 'runs'}", "logging.console=false"])
+    with ScriptedChatServer([], final={"status": 500, "body": "upstream down"}) as server, \
+            Run(cfg, command="unit") as run:
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "model.py").write_text(TASK.code)
+        env = Scored(tmp_path / "ws", protected=["model.py"])
         traj = run_episode_sync(TASK, policy(server, max_retries=2), env)
         env.close()
-    assert traj.finish_reason == "error" and "HTTP 500" in traj.metadata["error"]
-    # a 4xx that is not retryable fails at once
+    assert traj.finish_reason == "infra_error" and traj.infra_error
+    assert "HTTP 500" in traj.metadata["error"] and "gave up after 3 attempts" in traj.metadata["error"]
+    assert traj.reward is None and finals == []  # never scored: finalize would have given -1
+    assert len(server.requests) == 3
+    events = [json.loads(x) for x in (run.dir / "log.jsonl").read_text().splitlines()]
+    retries = [e for e in events if e["event"] == "policy.retry"]
+    assert [(e["attempt"], e["attempts"]) for e in retries] == [(1, 3), (2, 3)]
+    assert all("HTTP 500" in e["error"] and "upstream down" in e["error"] for e in retries)
+    assert [e["event"] for e in events].count("policy.unavailable") == 1
+
+def test_bad_request_is_the_policy_error_it_was(tmp_path):
+    """A 4xx that is not retryable fails at once, and stays an ordinary policy error."""
     with ScriptedChatServer([{"status": 400, "body": "bad request"}]) as server:
         env = env_for(tmp_path)
         traj = run_episode_sync(TASK, policy(server), env)

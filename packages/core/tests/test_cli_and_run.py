@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -96,3 +97,54 @@ def test_session_seconds_add_up_every_session_of_a_run_folder(tmp_path):
     cfg = compose([], [f"run.output_dir={tmp_path}", "logging.console=false", f"run.resume={tmp_path}"])
     (tmp_path / "config.yaml").write_text("{}")
     assert Run(cfg, command="unit").earlier_seconds == pytest.approx(120.5)
+
+
+CLAIM = r"""
+import os, sys, time
+from pathlib import Path
+from cuda_agent.core.cli import main
+from cuda_agent.core.config import compose
+from cuda_agent.core.errors import CudaAgentError
+from cuda_agent.core.run import Run
+
+folder, gate = Path(sys.argv[1]), Path(sys.argv[2])
+cfg = compose([], ["logging.console=false"])
+run = Run(cfg, command="unit")
+run.dir, run.id = folder, folder.name  # as `optimize --out FOLDER` does
+(gate / f"ready-{os.getpid()}").touch()
+while not (gate / "go").exists():
+    time.sleep(0.0005)
+try:
+    with run:
+        for i in range(20):
+            run.log.info("work", owner=os.getpid(), i=i)
+            time.sleep(0.01)
+except CudaAgentError as exc:
+    print(f"error: {exc.one_line()}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_two_runs_started_on_one_folder_at_once(tmp_path):
+    """Both processes find the folder free and enter at the same moment: one claims it, the
+    other stops with a one-line error before writing anything (its lines never reach the
+    winner's log.jsonl)."""
+    folder, gate = tmp_path / "out", tmp_path / "gate"
+    gate.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM, str(folder), str(gate)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    deadline = time.time() + 60
+    while len(list(gate.glob("ready-*"))) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert not folder.exists()  # neither has touched it yet: the next step is a real race
+    (gate / "go").touch()
+    outs = [p.communicate(timeout=60) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    loser = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 2)
+    assert loser.strip().count("\n") == 0 and "already holds a run" in loser, loser
+    winner = next(p.pid for p in procs if p.returncode == 0)
+    events = [json.loads(x) for x in (folder / "log.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("run.start") == 1
+    assert {e["owner"] for e in events if e["event"] == "work"} == {winner}
+    assert len([e for e in events if e["event"] == "work"]) == 20

@@ -25,6 +25,14 @@ class TaskError(CudaAgentError):
     """A task file is malformed (syntax error, missing get_inputs, ...)."""
 
 
+class InfrastructureError(CudaAgentError):
+    """A service the run depends on failed (a policy endpoint down after its retries).
+
+    Such a failure says nothing about the model: an episode it ends is marked
+    ``infra_error`` and is neither scored nor rewarded.
+    """
+
+
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The candidates closest to ``word``; falls back to prefix matches."""
     pool = sorted(set(candidates))

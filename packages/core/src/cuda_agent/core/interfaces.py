@@ -174,6 +174,10 @@ class Tracker(Component):
     @abc.abstractmethod
     def log(self, step: int, metrics: dict) -> None: ...
 
+    def truncate(self, after_step: int) -> None:
+        """Forget what was logged for steps after ``after_step``: a resumed run redoes them
+        (called once per resumed stage). Trackers that cannot rewrite what they sent keep it."""
+
     def close(self) -> None:
         pass
 

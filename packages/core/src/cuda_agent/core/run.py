@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import runlog
 from .config import to_yaml
-from .errors import ConfigError
+from .errors import ConfigError, InfrastructureError
 from .plugins import PluginManager, get_plugin_manager, plugin_versions
 
 
@@ -24,6 +25,10 @@ class Run:
     ``run.resume``), saves ``config.yaml`` and ``plugins.json``, writes ``log.jsonl`` and
     calls the ``on_run_start``/``on_run_end`` hooks. ``earlier_seconds``: the time the
     folder's earlier sessions ran (before a resume), from their log.
+
+    A new run claims its folder atomically: the first process to create ``config.yaml``
+    there owns it; another one started on the same folder stops with a one-line error
+    before it writes anything.
     """
 
     def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None):
@@ -51,7 +56,10 @@ class Run:
 
     def __enter__(self) -> "Run":
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(to_yaml(self.config))
+        if self.resumed:
+            (self.dir / "config.yaml").write_text(to_yaml(self.config))
+        else:
+            self._claim()
         meta = {
             "command": self.command,
             "python": platform.python_version(),
@@ -68,9 +76,22 @@ class Run:
         self.pm.hook.on_run_start(run=self)
         return self
 
+    def _claim(self) -> None:
+        """Create ``config.yaml`` only if no other run has (O_EXCL: one winner, whatever the timing)."""
+        path = self.dir / "config.yaml"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise ConfigError(f"run folder {self.dir} already holds a run (it has a config.yaml); "
+                              "choose another output folder, or resume that run") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(to_yaml(self.config))
+
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is KeyboardInterrupt:
             self.status = "interrupted"
+        elif exc_type is not None and issubclass(exc_type, InfrastructureError):
+            self.status = "infra_error"
         elif exc_type is not None:
             self.status = "failed"
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,26 @@ class JsonlTracker(Tracker):
     def log(self, step: int, metrics: dict) -> None:
         self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n")
         self._f.flush()
+
+    def truncate(self, after_step: int) -> None:
+        """Rewrite the file with the lines of steps up to ``after_step`` (a line cut short by a
+        kill goes too), atomically: a kill during the rewrite leaves the old file."""
+        self._f.close()
+        kept = []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                step = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(step, int) and step <= after_step:
+                kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._f = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         self._f.close()

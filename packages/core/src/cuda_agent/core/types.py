@@ -33,6 +33,12 @@ class FailureCategory(str, enum.Enum):
     TIMEOUT = "timeout"
     CRASH = "crash"
     MISSING = "missing"  # no candidate produced at all
+    # the infrastructure failed (policy endpoint down after its retries): no result at all,
+    # neither scored nor rewarded, and redone when the run is resumed
+    INFRA_ERROR = "infra_error"
+
+
+INFRA_ERROR = FailureCategory.INFRA_ERROR.value  # also the finish_reason of such an episode
 
 
 # --- tasks -----------------------------------------------------------------------
@@ -233,8 +239,13 @@ class Trajectory:
     candidates: list[Candidate] = field(default_factory=list)
     best: Candidate | None = None
     reward: RewardResult | None = None
-    finish_reason: str = ""  # "done", "max_turns", "context", "no_tool_call", "error"
+    finish_reason: str = ""  # "done", "max_turns", "context", "no_tool_call", "error", "infra_error"
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def infra_error(self) -> bool:
+        """The episode ended because the infrastructure failed, not the model: not a result."""
+        return self.finish_reason == INFRA_ERROR
 
     def to_dict(self) -> dict:
         return to_jsonable(self)

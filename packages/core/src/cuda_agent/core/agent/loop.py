@@ -10,10 +10,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import CudaAgentError
+from ..configcheck import bounds
+from ..errors import CudaAgentError, InfrastructureError
 from ..interfaces import AgentTool
 from ..tools.base import ToolContext, ToolError
-from ..types import Candidate, Task, ToolCall, ToolResult, Trajectory, Turn
+from ..types import INFRA_ERROR, Candidate, Task, ToolCall, ToolResult, Trajectory, Turn
 from .budget import ContextBudget, truncate_middle
 from .environment import Environment
 from .formats import get_format
@@ -24,11 +25,12 @@ from .toolcalls import parse_tool_calls
 class AgentOptions:
     """Limits and sampling of one episode (``agent:`` in the run config)."""
 
-    max_turns: int = 150  # 150 in training, 200 in evaluation (paper)
-    context_tokens: int = 131072
-    tool_output_chars: int = 8000  # longer tool outputs keep head + tail with a marker
-    max_tokens_per_turn: int = 8192  # generation cap of one model turn
-    min_generation_tokens: int = 64  # stop with "context" when less room is left
+    max_turns: int = field(default=150, metadata=bounds(min=1))  # 150 in training, 200 in evaluation (paper)
+    context_tokens: int = field(default=131072, metadata=bounds(min=1))
+    # longer tool outputs keep head + tail with a marker (0: no limit)
+    tool_output_chars: int = field(default=8000, metadata=bounds(min=0))
+    max_tokens_per_turn: int = field(default=8192, metadata=bounds(min=1))  # generation cap of one model turn
+    min_generation_tokens: int = field(default=64, metadata=bounds(min=0))  # stop with "context" when less room is left
     sampling: dict = field(default_factory=dict)  # temperature, top_p, ... passed to the policy
     tool_format: str = "chatml"  # token-level policies: how tool results are rendered
     done_marker: str = "DONE"  # a last line equal to this, with no tool call, ends with "done"
@@ -283,6 +285,9 @@ class _Runner:
                 turn.seconds = time.monotonic() - t0
             else:
                 finish = "max_turns"
+        except InfrastructureError as exc:  # the endpoint, not the model: no result, no reward
+            finish = INFRA_ERROR
+            traj.metadata["error"] = exc.one_line()
         except PolicyError as exc:
             finish = "error"
             traj.metadata["error"] = exc.one_line()
@@ -301,7 +306,8 @@ class _Runner:
             traj.metadata["malformed_tool_calls"] = sum(1 for c in calls if c.error)
             traj.metadata["tool_errors"] = sum(1 for r in results if not r.ok)
         try:
-            traj.reward = await asyncio.to_thread(self.env.finalize, traj)
+            # an episode the infrastructure ended is not scored (finalize would reward it -1)
+            traj.reward = None if traj.infra_error else await asyncio.to_thread(self.env.finalize, traj)
         except Exception as exc:
             traj.metadata["finalize_error"] = f"{type(exc).__name__}: {exc}"
             traj.reward = None
@@ -322,7 +328,8 @@ async def run_episode(
 
     Ends with ``finish_reason``: "done" (no tool call, last line is the done marker),
     "no_tool_call" (an answer without tool calls: a refusal or a plain stop), "max_turns",
-    "context" (context budget spent) or "error" (the policy failed after its retries).
+    "context" (context budget spent), "error" (the policy gave an unusable answer) or
+    "infra_error" (the policy endpoint failed after its retries: no result, and no reward).
     ``on_event(dict)`` receives progress events (type: turn, tool, candidate, end_turn, end).
     The environment is not closed here.
     """

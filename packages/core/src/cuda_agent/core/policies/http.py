@@ -1,7 +1,10 @@
 """A JSON-over-HTTP client with retries, backoff and client-side pacing, shared by the HTTP policies.
 
 A class using it has ``self.options`` with ``timeout``, ``connect_timeout``, ``max_retries``,
-``backoff``, ``max_backoff``, ``requests_per_second`` and ``api_key_env``.
+``backoff``, ``max_backoff``, ``requests_per_second`` and ``api_key_env``. Every failed
+attempt is logged (``policy.retry``, then ``policy.unavailable`` when the retries are spent);
+an endpoint that still fails after them raises :class:`PolicyUnavailable`, an
+infrastructure error (the episode is not the model's result).
 """
 
 from __future__ import annotations
@@ -15,9 +18,17 @@ import time
 
 import httpx
 
+from .. import runlog
 from ..agent.loop import PolicyError
+from ..errors import InfrastructureError
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+# answers that say the endpoint is misconfigured (key, URL, model name), not that the request was bad
+UNAVAILABLE_STATUS = {401, 403, 404}
+
+
+class PolicyUnavailable(PolicyError, InfrastructureError):
+    """The policy endpoint could not be reached, or kept failing, after the configured retries."""
 
 
 class RetryingHTTPClient:
@@ -81,12 +92,21 @@ class RetryingHTTPClient:
                         last = f"invalid JSON from {url}: {response.text[:200]!r}"
                 elif response.status_code in RETRY_STATUS:
                     last = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
+                elif response.status_code in UNAVAILABLE_STATUS:
+                    msg = f"HTTP {response.status_code} from {url}: {response.text[:300]}"
+                    runlog.get_logger().error("policy.unavailable", url=url, attempts=attempt + 1, error=msg)
+                    raise PolicyUnavailable(msg)
                 else:
                     raise PolicyError(f"HTTP {response.status_code} from {url}: {response.text[:300]}")
             except httpx.TransportError as exc:  # connect/read errors, dropped connections, timeouts
                 last = f"{type(exc).__name__} talking to {url}: {exc}"
+            attempts = self.options.max_retries + 1
             if attempt < self.options.max_retries:
                 self.retries += 1
-                await asyncio.sleep(self._wait(attempt, response))
-        raise PolicyError(f"{last} (gave up after {self.options.max_retries + 1} attempts)")
+                wait = self._wait(attempt, response)
+                runlog.get_logger().warning("policy.retry", url=url, attempt=attempt + 1, attempts=attempts,
+                                            wait_s=round(wait, 3), error=last)
+                await asyncio.sleep(wait)
+        runlog.get_logger().error("policy.unavailable", url=url, attempts=attempts, error=last)
+        raise PolicyUnavailable(f"{last} (gave up after {attempts} attempts)")
 
