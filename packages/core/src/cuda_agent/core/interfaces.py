@@ -122,6 +122,11 @@ class Executor(Component):
     def submit(self, job: Any) -> Any:
         """Queue a job; returns a ``concurrent.futures.Future``."""
 
+    def build_executor(self) -> Any:
+        """An executor (``submit(job) -> Future``) for compile jobs when this pool builds
+        elsewhere (for example on CPU nodes of a cluster); None: builds run on this host."""
+        return None
+
     def close(self) -> None:
         pass
 

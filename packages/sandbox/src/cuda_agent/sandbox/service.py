@@ -413,6 +413,11 @@ class WorkspaceService:
 
     def _compile_executor(self) -> Any:
         if self._compile_pool is None:
+            remote = getattr(self.executor, "build_executor", None)
+            remote = remote() if callable(remote) else None
+            if remote is not None:  # the pool builds elsewhere (CPU nodes of a cluster); not ours to close
+                self._compile_pool = remote
+                return remote
             from .executors.pool import DeviceSpec, WorkerPool
 
             self._compile_pool = WorkerPool(
