@@ -107,14 +107,10 @@ def test_four_stages_and_resume_after_kill(tmp_path):
     steps = [m["step"] for m in after]
     total = sum(s["steps"] for s in FOUR_STAGES)
     assert sorted(set(steps)) == list(range(total))
-    # nothing before the last checkpoint ran twice; at most the step in progress was repeated
-    repeated = [s for s in set(steps) if steps.count(s) > 1]
-    assert len(repeated) <= 1 and all(s >= 3 for s in repeated), steps
-    resumed = after[len(before):]
-    # warm-up (3 steps) and RFT step 0 were kept; the run goes on after the last logged step,
-    # or repeats it when it was killed between logging and checkpointing that step
-    assert resumed[0]["step"] >= 4
-    assert resumed[0]["step"] in (before[-1]["step"], before[-1]["step"] + 1), (before[-1]["step"], resumed[0]["step"])
+    # every step once: a step logged but not checkpointed when the kill came was dropped and redone
+    assert steps == list(range(total)), steps
+    # warm-up (3 steps) and RFT step 0 were kept
+    assert after[:4] == [m for m in before if m["step"] < 4]
     for i, name in enumerate(s["name"] for s in FOUR_STAGES):
         assert (run_dir / "stages" / f"{i:02d}-{name}" / "final" / "COMPLETE").exists()
     assert (run_dir / "stages" / "03-agentic" / "final" / "critic" / "value_head.safetensors").exists()
@@ -214,3 +210,112 @@ def torch_no_grad():
     import torch
 
     return torch.no_grad()
+
+
+def test_kill_during_checkpoint_write_logs_every_step_once(tmp_path):
+    """kill -9 while a step's checkpoint is being written (``step-00000N.tmp*`` exists): that
+    step was already logged; the resumed run redoes it and metrics.jsonl still holds every
+    step once (the resumed stage drops what was logged after its last complete checkpoint)."""
+    over = tmp_path / "small.yaml"
+    over.write_text(yaml.safe_dump({"trainer": {"stages": [
+        {"name": "ppo", "steps": 5, "algorithm": {"name": "ppo", "options": {
+            "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8, "actor_lr": 3e-3, "critic_lr": 3e-3}}}]}}))
+    env = dict(os.environ, CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1", OMP_NUM_THREADS="1")
+    killed = None
+    for attempt in range(4):  # the write lasts a fraction of a second: try again if the kill came late
+        out = tmp_path / f"runs{attempt}"
+        p = subprocess.Popen(_train_cmd(TOY, over, f"run.output_dir={out}", "logging.console=false"), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            tmp = [d for d in out.glob("*/stages/00-ppo/checkpoints/step-*.tmp*") if not d.name.startswith("step-000000")]
+            if tmp:
+                os.kill(p.pid, signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        if p.poll() is None and time.time() >= deadline:
+            os.kill(p.pid, signal.SIGKILL)
+        log = p.communicate()[0]
+        assert p.returncode in (0, -signal.SIGKILL), log[-3000:]
+        leftovers = list(out.glob("*/stages/00-ppo/checkpoints/step-*.tmp*"))
+        if p.returncode == -signal.SIGKILL and leftovers:
+            killed = leftovers[0]
+            break
+    assert killed is not None, "never killed while a checkpoint was being written"
+    run_dir = killed.parents[3]
+    step = int(killed.name.split(".")[0].split("-")[1])
+    before = [m["step"] for m in _metrics(run_dir)]
+    assert before[-1] == step and not (killed.parent / f"step-{step:06d}").exists()  # logged, not saved
+    r = subprocess.run(_train_cmd(TOY, over, f"run.output_dir={out}", f"run.resume={run_dir}", "logging.console=false"),
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    steps = [m["step"] for m in _metrics(run_dir)]
+    assert steps == list(range(5)), steps
+    assert not list(killed.parent.glob("*.tmp*"))
+
+
+def test_rollout_endpoint_failures_are_dropped_not_rewarded(tmp_path):
+    """Rollouts from a vLLM-protocol server on loopback whose first three completions answer
+    HTTP 500: those three episodes are infrastructure errors, dropped from step 0's batch and
+    counted (rollout/infra_errors), never rewarded; the update trains on the other five."""
+    cfg = _policy_engine_config(tmp_path, {"name": "vllm_server", "options": {
+        "base_urls": ["http://127.0.0.1:1/v1"], "model": "", "max_retries": 0}})
+    with Run(cfg, command="train") as run:
+        hist = _run_with_flaky_server(cfg, run, failures=3)
+    first, later = hist[0], hist[1:]
+    assert first["rollout/infra_errors"] == 3 and first["rollout/episodes"] == 5
+    assert first["train/trajectories"] == 5  # the update saw only the model's own episodes
+    assert "finish/infra_error" not in first  # nor did the reward statistics
+    assert all(h["rollout/infra_errors"] == 0 and h["train/trajectories"] == 8 for h in later)
+    events = [json.loads(x) for x in (Path(run.dir) / "log.jsonl").read_text().splitlines()]
+    dropped = [e for e in events if e["event"] == "rollout.infra_errors"]
+    assert len(dropped) == 1 and dropped[0]["dropped"] == 3 and "HTTP 500" in dropped[0]["error"]
+    assert sum(e["event"] == "policy.unavailable" for e in events) == 3
+
+
+def test_rollout_with_endpoint_down_stops_with_one_line(tmp_path):
+    """Every episode of a step failing for infrastructure reasons (the server answers every
+    completion with HTTP 500, past one retry) stops the run, resumable, with the reason in one
+    line and run.end status infra_error."""
+    from cuda_agent.core.errors import InfrastructureError
+
+    cfg = _policy_engine_config(tmp_path, {"name": "vllm_server", "options": {
+        "base_urls": ["http://127.0.0.1:1/v1"], "model": "", "max_retries": 1, "backoff": 0.01}})
+    with pytest.raises(InfrastructureError, match=r"step 0: all 8 episodes failed for infrastructure reasons") as err:
+        with Run(cfg, command="train") as run:
+            _run_with_flaky_server(cfg, run, failures=10 ** 9)
+    assert "HTTP 500" in err.value.one_line() and f"run.resume={run.dir}" in err.value.one_line()
+    events = [json.loads(x) for x in (Path(run.dir) / "log.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "run.end" and events[-1]["status"] == "infra_error"
+    assert sum(e["event"] == "policy.retry" for e in events) == 8
+    assert not (Path(run.dir) / "metrics.jsonl").read_text().strip()  # no step was logged
+
+
+def _run_with_flaky_server(cfg, run, failures: int) -> list[dict]:
+    """The stages, sampled through a vLLM-protocol server on loopback (the base weights) whose
+    first ``failures`` completions answer HTTP 500."""
+    import threading
+
+    from omegaconf import OmegaConf
+
+    from cuda_agent.core.policies.hf import HFPolicy
+    from cuda_agent.core.policies.hf_server import HFTokenServer
+
+    class FlakyServer(HFTokenServer):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.calls, self.count_lock = 0, threading.Lock()
+
+        def complete(self, body):
+            with self.count_lock:
+                self.calls += 1
+                fail = self.calls <= failures
+            if fail:
+                return 500, {"error": {"message": "engine restarting"}}
+            return super().complete(body)
+
+    runner = StageRunner(cfg, run, show_progress=False)
+    served = HFPolicy(HFPolicy.Options(model=str(runner.base_model_dir()), max_new_tokens=1 << 20))
+    with FlakyServer(policy=served, served_name="toy") as server:
+        OmegaConf.update(runner.cfg, "policy.options.base_urls", [server.url])
+        return runner.run_all()

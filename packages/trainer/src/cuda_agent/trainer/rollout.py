@@ -106,6 +106,13 @@ def collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any]
     return RolloutResult(trajs, seconds, int(gen_tokens), float(stats.get("generate_seconds", 0.0)), mean_batch)
 
 
+def drop_infra_errors(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[Trajectory]]:
+    """``(kept, dropped)``: episodes the infrastructure ended (policy endpoint down after its
+    retries) are no sample of the policy; they are dropped from the batch, never rewarded."""
+    kept = [t for t in trajs if not t.infra_error]
+    return kept, [t for t in trajs if t.infra_error]
+
+
 def rollout_metrics(trajs: list[Trajectory], max_tokens_per_turn: int | None = None) -> dict:
     """Reward mean and distribution, pass rate, turns, lengths and the clipped-response ratio."""
     import statistics

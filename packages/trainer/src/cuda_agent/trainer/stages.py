@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from cuda_agent.core.configcheck import bounds
-from cuda_agent.core.errors import ConfigError, did_you_mean
+from cuda_agent.core.errors import ConfigError, InfrastructureError, did_you_mean
 
 from . import checkpoint as ckpt
 from .engine import EngineOptions, build_engine, rank, resolve_device, world_size
 from .loop import Trainer
 from .models import ValueModel, load_causal_lm, torch_dtype
 from .policy import ActorPolicy, sync_policy_weights
-from .rollout import collect, load_trajectories, rollout_metrics, save_trajectories
+from .rollout import collect, drop_infra_errors, load_trajectories, rollout_metrics, save_trajectories
 
 STAGE_KEYS = ("name", "algorithm", "steps", "agent", "samples_per_task", "critic_init", "environment", "dataset",
               "checkpoint_every")
@@ -246,6 +246,12 @@ class StageRunner:
             actor_init = resume[1] / "actor" if (resume[1] / "actor").exists() else actor_init
             critic_init = resume[1] / "critic" if (resume[1] / "critic").exists() else critic_init
             self.run.log.info("stage.resume", stage=stage.name, from_step=resume[0])
+        if getattr(self.run, "resumed", False):
+            # steps logged after the last complete checkpoint (one killed while its checkpoint
+            # was written, or ones between checkpoints) are redone: their metrics go first
+            last_done = self.global_step + (resume[0] if resume is not None else -1)
+            for t in self.trackers:
+                t.truncate(last_done)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.base_model_dir()))
@@ -312,7 +318,7 @@ class StageRunner:
                 res = collect(tasks, policy, lambda t, i: factory.make(t, None), agent_options,
                               concurrency=int((self.tc.get("rollout") or {}).get("concurrency", 64)),
                               samples_per_task=samples, step=step, show_progress=self.show_progress)
-                trajs = res.trajectories
+                trajs = self._without_infra_errors(res.trajectories, stage, step, metrics)
                 rollout_s = res.seconds
                 metrics["rollout/tokens_per_s"] = res.tokens_per_s
                 metrics["rollout/seconds"] = res.seconds
@@ -360,6 +366,22 @@ class StageRunner:
         del trainer, actor, critic, reference, policy
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _without_infra_errors(self, trajs: list, stage: StageSpec, step: int, metrics: dict) -> list:
+        """The step's episodes without those the infrastructure ended (counted in
+        ``rollout/infra_errors``); a step left with none stops the run (resumable)."""
+        kept, dropped = drop_infra_errors(trajs)
+        metrics["rollout/episodes"] = float(len(kept))
+        metrics["rollout/infra_errors"] = float(len(dropped))
+        if dropped:
+            error = str(dropped[-1].metadata.get("error") or "infrastructure error")
+            self.run.log.warning("rollout.infra_errors", stage=stage.name, step=step, dropped=len(dropped),
+                                 of=len(trajs), error=error)
+            if not kept:
+                raise InfrastructureError(
+                    f"stage {stage.name} step {step}: all {len(trajs)} episodes failed for infrastructure reasons "
+                    f"({error}); fix it and resume with run.resume={self.run.dir}")
+        return kept
 
     def _policy(self, actor: Any, tokenizer: Any, stage: StageSpec, actor_init: Path | None = None) -> Any:
         r = dict(self.tc.get("rollout") or {})

@@ -31,7 +31,7 @@ from typing import Any
 from ..agent.loop import PolicyError, run_sync
 from ..errors import ConfigError
 from ..interfaces import Policy
-from .http import RetryingHTTPClient
+from .http import PolicyUnavailable, RetryingHTTPClient
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -114,6 +114,9 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
                 async with httpx.AsyncClient(timeout=self.options.connect_timeout + 5) as client:
                     r = await client.get(url, headers=self._headers())
                 self._served = r.json()["data"][0]["id"]
+            except httpx.TransportError as exc:
+                raise PolicyUnavailable(f"could not reach {url} to ask for its model name "
+                                        f"({type(exc).__name__}: {exc})") from exc
             except Exception as exc:
                 raise PolicyError(f"could not ask {url} for its model name ({type(exc).__name__}: {exc}); "
                                   "set policy.options.served_model_name")
