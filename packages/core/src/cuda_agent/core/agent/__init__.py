@@ -32,7 +32,8 @@ API summary
 
 Also here: :class:`Environment` (protocol) and :class:`FolderEnvironment` (a folder with real
 tools and a pluggable score), :class:`TrajectoryStore` (durable JSONL),
-:func:`render_transcript` (Markdown), :class:`ContextBudget` and :func:`truncate_middle`.
+:func:`render_transcript` (Markdown), :class:`ContextBudget` and :func:`truncate_middle`, and
+:class:`EpisodeStepper` (an episode whose turns another framework supplies: TRL, OpenEnv, verl).
 
 For tests: :mod:`cuda_agent.core.agent.testing` (``ScriptedChatServer``: a chat-completions
 server on loopback with scripted answers, errors and dropped connections) and
@@ -55,6 +56,7 @@ from .loop import (
     run_episode,
     run_episode_sync,
 )
+from .stepper import EpisodeOver, EpisodeStepper, StepResult
 from .store import TrajectoryStore, trajectory_from_dict
 from .toolcalls import format_tool_call, parse_tool_calls
 from .transcript import render_transcript
@@ -65,9 +67,12 @@ __all__ = [
     "AgentOptions",
     "ChatReply",
     "ContextBudget",
+    "EpisodeOver",
+    "EpisodeStepper",
     "Environment",
     "FolderEnvironment",
     "PolicyError",
+    "StepResult",
     "ToolFormat",
     "TrajectoryStore",
     "best_candidate",

@@ -295,16 +295,26 @@ class _Runner:
             finish = "cancelled"
             raise
         finally:
-            traj.finish_reason = finish or "error"
-            traj.best = best_candidate(traj.candidates)
-            traj.metadata["seconds"] = time.time() - traj.metadata["started"]
-            traj.metadata["context_tokens_used"] = (len(traj.prompt_ids) + len(traj.response_ids)
-                                                   if token_level else self.budget.used)
-            calls = [c for t in traj.turns for c in t.tool_calls]
-            results = [r for t in traj.turns for r in t.tool_results]
-            traj.metadata["tool_calls"] = len(calls)
-            traj.metadata["malformed_tool_calls"] = sum(1 for c in calls if c.error)
-            traj.metadata["tool_errors"] = sum(1 for r in results if not r.ok)
+            self.summarize(finish, token_level)
+        return await self.finalize()
+
+    def summarize(self, finish: str, token_level: bool = False) -> None:
+        """Record how the episode ended and count its tool calls, malformed calls and tool errors."""
+        traj = self.traj
+        traj.finish_reason = finish or "error"
+        traj.best = best_candidate(traj.candidates)
+        traj.metadata["seconds"] = time.time() - traj.metadata["started"]
+        traj.metadata["context_tokens_used"] = (len(traj.prompt_ids) + len(traj.response_ids)
+                                               if token_level else self.budget.used)
+        calls = [c for t in traj.turns for c in t.tool_calls]
+        results = [r for t in traj.turns for r in t.tool_results]
+        traj.metadata["tool_calls"] = len(calls)
+        traj.metadata["malformed_tool_calls"] = sum(1 for c in calls if c.error)
+        traj.metadata["tool_errors"] = sum(1 for r in results if not r.ok)
+
+    async def finalize(self) -> Trajectory:
+        """Ask the environment for the reward (a failure is recorded, never raised)."""
+        traj = self.traj
         try:
             # an episode the infrastructure ended is not scored (finalize would reward it -1)
             traj.reward = None if traj.infra_error else await asyncio.to_thread(self.env.finalize, traj)
