@@ -82,7 +82,8 @@ def test_optimize_reports_bad_input_in_one_line(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "get_inputs" in err and "Traceback" not in err
     good = tmp_path / "m.py"
-    good.write_text("class Model:\n    pass\n\ndef get_inputs():\n    return []\n\ndef get_init_inputs():\n    return []\n")
+    good.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self):\n        return torch.ones(1)\n"
+                    "\ndef get_inputs():\n    return []\n\ndef get_init_inputs():\n    return []\n")
     assert main(["optimize", str(good), "--out", str(tmp_path / "o")]) == 2
     assert "no policy chosen" in capfd.readouterr().err
     assert main(["optimize", str(good), "--policy", "replay", "--out", str(tmp_path / "o")]) == 2

@@ -23,8 +23,8 @@ import click
 
 from cuda_agent.core.agent import AgentOptions, TrajectoryStore, render_transcript, run_episode_sync
 from cuda_agent.core.agent.transcript import candidate_table
-from cuda_agent.core.errors import ConfigError, TaskError
-from cuda_agent.core.types import Candidate, Task, Trajectory, to_jsonable
+from cuda_agent.core.errors import ConfigError, InfrastructureError, TaskError
+from cuda_agent.core.types import INFRA_ERROR, Candidate, Task, Trajectory, to_jsonable
 
 from .environment import CudaEnvironment, EnvironmentOptions, detect_backend
 
@@ -113,6 +113,7 @@ def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend:
         "policy": policy,
         "model": model,
         "finish_reason": traj.finish_reason,
+        "error": traj.metadata.get("error"),
         "turns": len(traj.turns),
         "seconds": traj.metadata.get("seconds"),
         "verified": best is not None,
@@ -135,7 +136,10 @@ def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend:
 
 def render_report(rep: dict, traj: Trajectory) -> str:
     lines = [f"# cuda-agent optimize: {rep['task']}", ""]
-    if rep["verified"]:
+    if rep["finish_reason"] == INFRA_ERROR:
+        lines.append(f"**The policy endpoint failed; nothing was scored.** {rep['error']}. The episode says "
+                     "nothing about the model; fix the endpoint and run again.")
+    elif rep["verified"]:
         se, sc = rep["speedup_vs_eager"], rep["speedup_vs_compile"]
         if sc is not None:
             lines.append(f"**Verified solution: {se:.2f}x faster than eager PyTorch, {sc:.2f}x against torch.compile.**")
@@ -256,6 +260,8 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
             bar.close()
             env.close()
         traj.metadata["backend"] = backend
+        if traj.infra_error:
+            run.status = INFRA_ERROR
         _write_records(out_dir, env.ws.root, traj)
         if traj.best is not None:
             _write_best(out_dir / "best", env.ws.root, traj.best.files)
@@ -307,10 +313,22 @@ def _summary(rep: dict) -> str:
                 f" (turn {rep['best_turn']}, {rep['turns']} turns, {rep['seconds']:.0f} s)")
     elif rep["verified"]:
         head = "verified: correct (not profiled)"
+    elif rep["finish_reason"] == INFRA_ERROR:
+        head = f"the policy endpoint failed, nothing was scored ({rep['turns']} turns): {rep['error']}"
     else:
         head = f"no verified solution ({rep['turns']} turns, ended: {rep['finish_reason']})"
     out = Path(rep["output_dir"])
     return f"{head}\nreport: {out / 'report.md'}\nbest solution: {out / 'best'}"
+
+
+def check_model_up_front(model_path: Path, cfg: Any) -> None:
+    """Run model.py's get_init_inputs, Model and get_inputs once, and one forward pass, before
+    an agent works on it: a one-line TaskError naming the step that fails. Task code: it runs
+    in a child process that gives up our rights first (:mod:`.modelcheck`)."""
+    from .modelcheck import check_model
+
+    backend = detect_backend(str(cfg.get("backend", "auto")))
+    check_model(model_path, device="cuda" if backend == "cuda" else "cpu")
 
 
 def _default_out(stem: str) -> Path:
@@ -377,8 +395,12 @@ def register(cli: Any) -> None:
         name = cfg.policy.get("name")
         if not name:
             raise ConfigError("no policy chosen: pass --policy (openai, replay, hf, vllm)")
+        check_model_up_front(model_py, cfg)
         task = read_task(model_py)
         rep = run_optimize(cfg, task, out or _default_out(task.id), model_path=model_py.resolve(), progress=not quiet)
+        if rep["finish_reason"] == INFRA_ERROR:
+            raise InfrastructureError(f"the policy endpoint failed: {rep['error']}; nothing was scored "
+                                      f"(report: {Path(rep['output_dir']) / 'report.md'})")
         click.echo(_summary(rep))
 
     @cli.command("demo", context_settings={"ignore_unknown_options": True})
