@@ -63,6 +63,16 @@ def detect_backend(backend: str = "auto") -> str:
         return "cpu"
 
 
+def task_prompt(task: Task, backend: str) -> str:
+    """The first user message of an episode on ``task`` (the task and where to start)."""
+    return (
+        f"Task {task.id}{' (' + task.name + ')' if task.name else ''}: write kernels that make model.py "
+        f"faster than torch.compile on the {backend.upper()} backend.\n\nmodel.py:\n```python\n"
+        f"{task.code.rstrip()}\n```\n\nThe workspace is your current folder. Start by reading SKILL.md's "
+        "workflow above, then model_new.py."
+    )
+
+
 def _spec(spec: Any) -> Any:
     if spec is None:
         return None
@@ -188,12 +198,7 @@ class CudaEnvironment(FolderEnvironment):
 
     def initial_messages(self, task: Task) -> list[dict]:
         msgs = super().initial_messages(task)
-        msgs[1]["content"] = (
-            f"Task {task.id}{' (' + task.name + ')' if task.name else ''}: write kernels that make model.py "
-            f"faster than torch.compile on the {self.backend.upper()} backend.\n\nmodel.py:\n```python\n"
-            f"{task.code.rstrip()}\n```\n\nThe workspace is your current folder. Start by reading SKILL.md's "
-            "workflow above, then model_new.py."
-        )
+        msgs[1]["content"] = task_prompt(task, self.backend)
         return msgs
 
     def on_tool_result(self, call: ToolCall, result: ToolResult, turn: int) -> list[Candidate]:
