@@ -108,10 +108,11 @@ class ShellSession:
                             status = int(status_text)
                         except ValueError:
                             status = None
-                        return _decode(out), status, False
+                        return self._noted(_decode(out)), status, False
                 if self.reader.eof:
                     out = bytes(self.reader.buf[start:])
-                    return _decode(out) + "\n(the shell exited; a new one starts with your next command)", None, False
+                    return (self._noted(_decode(out))
+                            + "\n(the shell exited; a new one starts with your next command)"), None, False
                 left = deadline - time.monotonic()
                 if left <= 0:
                     out = bytes(self.reader.buf[start:])
@@ -119,6 +120,18 @@ class ShellSession:
                 self.reader.cond.wait(min(left, 1.0))
         self.close()
         return _decode(out), None, True
+
+    def _noted(self, out: str) -> str:
+        """``out`` with what a sandbox limit did to the command (disk full, ...), if the
+        process handle says (``limit_notes(output)``)."""
+        notes = getattr(self.proc, "limit_notes", None)
+        if not callable(notes):
+            return out
+        try:
+            extra = notes(out)
+        except Exception:
+            return out
+        return f"{out.rstrip(chr(10))}\n{extra}" if extra else out
 
     def close(self) -> None:
         try:

@@ -8,7 +8,9 @@ import fcntl
 import hashlib
 import os
 import select
+import signal
 import stat
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -103,6 +105,104 @@ class UidLease:
                 fcntl.flock(self._f, fcntl.LOCK_UN)
                 self._f.close()
             self._f = None
+
+
+# --- process sweeps -------------------------------------------------------------------------
+# /proc/<pid> of a process that made itself undumpable belongs to root, so processes are
+# told apart by the ids in /proc/<pid>/status and by their PID namespace, never by the
+# owner of their /proc folder. Zombies (dead, waiting to be reaped) do not count.
+
+
+def _status(pid: str) -> dict[str, str]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            out[key] = value.strip()
+    return out
+
+
+def _living(pid: str, st: dict[str, str]) -> bool:
+    return not st.get("State", "").startswith(("Z", "X"))
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Living processes with ``uid`` as their real, effective, saved or file-system user id."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            st = _status(pid)
+        except OSError:
+            continue
+        if str(uid) in st.get("Uid", "").split() and _living(pid, st):
+            found.append(int(pid))
+    return found
+
+
+def pid_namespace(pid: int, children: bool = False) -> str | None:
+    """The PID namespace of ``pid`` (or the one its new children get), e.g. ``pid:[4026532]``."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{'pid_for_children' if children else 'pid'}")
+    except OSError:
+        return None
+
+
+def namespace_members(ns: str) -> list[int]:
+    """Living processes whose PID namespace is ``ns`` (its init included). Processes of
+    namespaces nested in it die with its init."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") == ns and _living(pid, _status(pid)):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_until_gone(find: Callable[[], list[int]], timeout: float, extra: Callable[[], None] | None = None
+                     ) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = find()
+        if not pids:
+            return []
+        if time.monotonic() > deadline:
+            return pids
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if extra is not None:
+            extra()
+        time.sleep(0.02)
+
+
+def kill_namespace(ns: str, timeout: float = 5.0) -> list[int]:
+    """SIGKILL every process of the PID namespace ``ns`` (so the whole namespace ends, also
+    processes that left the process group, cleared their parent-death signal or started
+    sessions or nested namespaces of their own); returns those still alive after ``timeout``."""
+    return _kill_until_gone(lambda: namespace_members(ns), timeout)
+
+
+def sweep_uid(uid: int, gid: int | None = None, timeout: float = 5.0) -> list[int]:
+    """Kill every process of ``uid`` on this host and check that none is left; returns
+    the pids still alive after ``timeout`` (empty when the sweep succeeded). Needs root.
+
+    Each round SIGKILLs what /proc shows, then sends SIGKILL to every process the user may
+    signal (``kill(-1)`` run as that user), which also reaches those forked meanwhile."""
+    if not is_root():
+        return []
+
+    def as_user() -> None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["kill", "-KILL", "-1"], user=uid, group=gid if gid is not None else uid,
+                           extra_groups=[], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5)
+
+    return _kill_until_gone(lambda: processes_of_uid(uid), timeout, as_user)
 
 
 # --- workspace permissions -----------------------------------------------------------------
@@ -227,8 +327,9 @@ def tree_size(root: Path, stop_at: int) -> int:
                     try:
                         if e.is_dir(follow_symlinks=False):
                             stack.append(e.path)
-                        else:
-                            total += e.stat(follow_symlinks=False).st_blocks * 512
+                        else:  # sparse files at their apparent size, preallocated ones at their blocks
+                            st = e.stat(follow_symlinks=False)
+                            total += max(st.st_blocks * 512, st.st_size if e.is_file(follow_symlinks=False) else 0)
                     except OSError:
                         continue
                     if total > stop_at:
@@ -306,6 +407,12 @@ class DiskWatchdog:
         self._stop.set()
 
 
+def diskfs_full(root: Path) -> bool:
+    from .diskfs import is_full
+
+    return is_full(root)
+
+
 class TrackedProcesses:
     """Bookkeeping shared by the sandbox sessions: the processes a session started (killed
     when it closes), the closed flag, and files handed back to the agent's user."""
@@ -337,21 +444,37 @@ class TrackedProcesses:
         with self._lock:
             return list(self._procs)
 
+    def limit_notes(self, output: str, proc: Any) -> str:
+        """Lines for a command of a long-lived process (the agent's persistent shell) that a
+        limit stopped: the workspace's file system is full, or the disk watchdog killed it."""
+        o = self.options
+        fired = self.watchdog.fired
+        killed = fired != getattr(proc, "_fired_seen", fired)
+        proc._fired_seen = fired
+        full = getattr(self, "disk_fs", "none") != "none" and (
+            "No space left on device" in output or diskfs_full(self.workspace))
+        return "\n".join(limit_messages(False, 0, killed, o.disk_mb, o.file_size_mb, False, None, disk_full=full))
+
     def _adopt(self) -> None:
         if self.lease is not None:
             adopt_files(self.workspace, self.protected, self.lease.uid, self.lease.gid)
 
 
 def limit_messages(timed_out: bool, timeout: float, killed_for_disk: bool, disk_mb: int, file_size_mb: int,
-                   file_too_large: bool, out_of_memory: str | None, cpu_s: int | None = None) -> list[str]:
+                   file_too_large: bool, out_of_memory: str | None, cpu_s: int | None = None,
+                   disk_full: bool = False) -> list[str]:
     """The lines a sandbox appends to a command's output when a limit stopped it.
-    ``out_of_memory``: the memory rule in words when the command was killed for memory."""
+    ``out_of_memory``: the memory rule in words when the command was killed for memory;
+    ``disk_full``: the workspace's size-limited file system has no room left."""
     msgs = []
     if timed_out:
         msgs.append(f"[sandbox] command timed out after {timeout:g} s; it and every process it started were killed")
     if killed_for_disk:
-        msgs.append(f"[sandbox] the workspace grew past its disk limit of {disk_mb} MB; "
-                    "the command was killed: delete large files")
+        msgs.append(f"[sandbox] the workspace grew past its disk limit of {disk_mb} MB (sparse files count at "
+                    "their full size); the command was killed: delete large files")
+    if disk_full and not killed_for_disk:
+        msgs.append(f"[sandbox] the workspace is full: it holds at most {disk_mb} MB (preallocated space counts); "
+                    "delete large files to go on")
     if file_too_large:
         msgs.append(f"[sandbox] file size limit exceeded: files may not exceed {file_size_mb} MB")
     if cpu_s is not None:

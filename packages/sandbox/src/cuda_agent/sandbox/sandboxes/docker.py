@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
+from . import diskfs
 from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
                      is_root, limit_messages, release_uid, TrackedProcesses)
 from .image import DEFAULT_IMAGE, docker_client, image_exists
@@ -45,7 +46,8 @@ class DockerOptions:
     tmp_mb: int = 256
     file_size_mb: int = 256
     nofile: int = 1024
-    disk_mb: int = 2048  # workspace size before the session's commands are killed (local engines)
+    disk_mb: int = 2048  # the workspace's size limit (its file system's size, and the watchdog's)
+    disk_fs: str = "auto"  # as root with a local engine: auto | loop | tmpfs (see .diskfs); none
     max_output_kb: int = 1024
     uid_base: int = 61000
     uid_count: int = 4000
@@ -97,6 +99,7 @@ class DockerProcess:
         self._wfd = wfd
         self._returncode: int | None = None
         self.pid = None
+        self._fired_seen = session.watchdog.fired if hasattr(session, "watchdog") else 0
         self._t = threading.Thread(target=self._pump, daemon=True)
         self._t.start()
 
@@ -158,6 +161,10 @@ class DockerProcess:
     def returncode(self) -> int | None:
         return self._returncode
 
+    def limit_notes(self, output: str) -> str:
+        """What a limit did to the last command of this process (see TrackedProcesses.limit_notes)."""
+        return self.session.limit_notes(output, self)
+
     def kill_group(self) -> None:
         """Kill the command's process group (background children included)."""
         api = self.session.client.api
@@ -201,18 +208,31 @@ class DockerSession(TrackedProcesses, SandboxSession):
             raise SandboxError(f"docker image {o.image} not found: build it with `cuda-agent sandbox build-image`")
         self._init_tracking()
         self.lease: UidLease | None = None
-        if is_root():
-            self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count,
-                                  Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids")
-            uid, gid = self.lease.uid, self.lease.gid
-            apply_layout(self.workspace, self.protected, uid, gid)
-        else:
-            uid, gid = os.getuid(), os.getgid()
-            apply_layout(self.workspace, self.protected, None, None)
-        self.user = f"{uid}:{gid}"
-        self.container = self._start()
+        # the engine bind-mounts the workspace path: a file system mounted on it here is
+        # what the container gets, when the engine runs on this host
+        self.disk_fs = diskfs.acquire(self.workspace, o.disk_mb, o.disk_fs if self._local_engine() else "none")
+        try:
+            if is_root():
+                self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count,
+                                         Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids")
+                uid, gid = self.lease.uid, self.lease.gid
+                apply_layout(self.workspace, self.protected, uid, gid)
+            else:
+                uid, gid = os.getuid(), os.getgid()
+                apply_layout(self.workspace, self.protected, None, None)
+            self.user = f"{uid}:{gid}"
+            self.container = self._start()
+        except BaseException:
+            if self.lease is not None:
+                release_uid(self.lease)
+            diskfs.release(self.workspace)
+            raise
         self.restarts = 0
         self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self.kill_all, on_tick=self._adopt)
+
+    def _local_engine(self) -> bool:
+        host = os.environ.get("DOCKER_HOST", "")
+        return (not host or host.startswith("unix://")) and not self.options.path_map
 
     def _host_path(self, p: Path) -> str:
         s = str(p)
@@ -284,6 +304,8 @@ class DockerSession(TrackedProcesses, SandboxSession):
         o = self.options
         msgs = limit_messages(timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb,
                               file_too_large=code in (128 + 25, -25),
+                              disk_full=self.disk_fs != "none" and (
+                                  "No space left on device" in output or diskfs.is_full(self.workspace)),
                               out_of_memory=f"the sandbox has {o.memory_mb} MB" if code == 137 and not timed_out else None)
         if msgs:
             output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
@@ -315,8 +337,11 @@ class DockerSession(TrackedProcesses, SandboxSession):
                 p.stdin.close()
         with contextlib.suppress(Exception):
             self.container.remove(force=True)
-        if self.lease is not None:
-            release_uid(self.lease)
+        try:
+            diskfs.release(self.workspace)
+        finally:
+            if self.lease is not None:
+                release_uid(self.lease)
 
 
 class DockerSandbox(Sandbox):

@@ -4,7 +4,7 @@
 with python3 and procps) into a folder, trims it, and imports it with the Docker SDK
 (``docker import``). ``--rootfs DIR`` imports any local root file system instead. The
 image holds only what the agent's shell needs (bash, coreutils, python3 standard
-library); compiles run host-side.
+library; ``python`` is ``python3``); compiles run host-side.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from .common import SandboxError
 
 IMAGE_REPO = "cuda-agent-sandbox"
-IMAGE_TAG = "bookworm-1"  # bump when the recipe changes
+IMAGE_TAG = "bookworm-2"  # bump when the recipe changes
 DEFAULT_IMAGE = f"{IMAGE_REPO}:{IMAGE_TAG}"
 SUITE = "bookworm"
 INCLUDE = ["python3", "procps"]
@@ -104,6 +104,10 @@ def import_rootfs(client, rootfs: Path, tag: str = DEFAULT_IMAGE, log=print) -> 
         with tarfile.open(tar_path, "w") as tar:
             for entry in sorted(os.listdir(rootfs)):
                 tar.add(rootfs / entry, arcname=entry)
+            if not os.path.lexists(rootfs / "usr/bin/python"):  # SKILL.md's `python tools/verify.py`
+                link = tarfile.TarInfo("usr/bin/python")
+                link.type, link.linkname = tarfile.SYMTYPE, "python3"
+                tar.addfile(link)
         log(f"importing into the Docker engine as {tag} ...")
         client.api.import_image_from_file(str(tar_path), repository=repo, tag=version or "latest",
                                           changes=CHANGES)

@@ -37,8 +37,10 @@ from pathlib import Path
 
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
+from . import diskfs
 from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
-                     is_root, limit_messages, release_uid, TrackedProcesses, uid_users)
+                     is_root, kill_namespace, limit_messages, pid_namespace, release_uid, sweep_uid,
+                     TrackedProcesses, uid_users)
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 MB = 1024 * 1024
@@ -54,7 +56,8 @@ class LocalOptions:
     nproc: int = 256  # processes of the agent user (isolation: user)
     nofile: int = 1024
     tmp_mb: int = 256  # private /tmp, /var/tmp, /dev/shm
-    disk_mb: int = 2048  # workspace size before the session is killed; 0 = unwatched
+    disk_mb: int = 2048  # the workspace's size limit (its file system's size, and the watchdog's)
+    disk_fs: str = "auto"  # as root: auto | loop | tmpfs: a file system of disk_mb on the workspace; none
     max_output_kb: int = 1024  # output kept per command (head and tail)
     uid_base: int = 61000
     uid_count: int = 4000
@@ -74,6 +77,10 @@ class SandboxProcess:
         self.stdin = popen.stdin
         self.stdout = popen.stdout
         self.pid = popen.pid
+        # the PID namespace unshare makes for it: killing every member ends everything the
+        # command started, whatever process group, session or parent-death signal it chose
+        self.pid_ns = _child_namespace(popen) if session.mode == "user" else None
+        self._fired_seen = session.watchdog.fired
 
     def poll(self) -> int | None:
         return self._p.poll()
@@ -85,9 +92,17 @@ class SandboxProcess:
     def returncode(self) -> int | None:
         return self._p.returncode
 
+    def limit_notes(self, output: str) -> str:
+        """What a limit did to the last command of this process (see TrackedProcesses.limit_notes)."""
+        return self._session.limit_notes(output, self)
+
     def kill(self) -> None:
-        # unshare --kill-child: killing unshare kills PID 1 of the namespace and with it
-        # every process inside; the process group covers the no-namespace case
+        # the namespace's processes first (its init's end takes nested namespaces along);
+        # the process group covers the no-namespace case
+        if self.pid_ns is not None:
+            left = kill_namespace(self.pid_ns)
+            if left:
+                self._session.notes.append(f"processes {left} of a command outlived SIGKILL")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._p.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
@@ -143,12 +158,17 @@ class LocalSession(TrackedProcesses, SandboxSession):
         elif is_root():
             _warn_once("local sandbox: isolation 'none' as root: commands run as root and can change "
                        "protected files; only limits and timeouts apply")
-        if self.mode == "user":
-            lock_dir = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids"
-            self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count, lock_dir)
-            apply_layout(self.workspace, self.protected, self.lease.uid, self.lease.gid)
-        else:
-            apply_layout(self.workspace, self.protected, None, None)
+        self.disk_fs = diskfs.acquire(self.workspace, o.disk_mb, o.disk_fs)
+        try:
+            if self.mode == "user":
+                lock_dir = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-uids"
+                self.lease = acquire_uid(self.workspace, o.uid_base, o.uid_count, lock_dir)
+                apply_layout(self.workspace, self.protected, self.lease.uid, self.lease.gid)
+            else:
+                apply_layout(self.workspace, self.protected, None, None)
+        except BaseException:
+            diskfs.release(self.workspace)
+            raise
         self.watchdog = DiskWatchdog(self.workspace, o.disk_mb, self._disk_exceeded, on_tick=self._adopt)
         self._net_prefix = self._probe_network()
 
@@ -252,16 +272,19 @@ class LocalSession(TrackedProcesses, SandboxSession):
                 proc.kill()
                 code = None
         self._forget(proc)
-        notes = self.explain(code, timed_out, timeout, killed_for_disk)
+        notes = self.explain(code, timed_out, timeout, killed_for_disk,
+                             disk_full="No space left on device" in output or diskfs.is_full(self.workspace))
         if notes:
             output = (output.rstrip("\n") + "\n" if output else "") + notes
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
 
-    def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False) -> str:
+    def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False,
+                disk_full: bool = False) -> str:
         o = self.options
         sig = 0 if code is None else (-code if code < 0 else (code - 128 if code > 128 else 0))
         return "\n".join(limit_messages(
             timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb, file_too_large=sig == signal.SIGXFSZ,
+            disk_full=disk_full and self.disk_fs != "none",
             cpu_s=o.cpu_s if sig == signal.SIGXCPU else None,
             out_of_memory=f"each process may use {o.memory_mb} MB" if sig == signal.SIGKILL and not timed_out else None))
 
@@ -272,19 +295,31 @@ class LocalSession(TrackedProcesses, SandboxSession):
         for p in self._tracked():
             p.kill()
         if self.lease is not None:
-            _kill_uid(self.lease.uid)
+            sweep_uid(self.lease.uid, self.lease.gid)
 
     def close(self) -> None:
+        """Kill every process the session started; the last session of a workspace also
+        kills and checks that no process of its user id is left, then gives the workspace's
+        file system back. SandboxError when a process survived (its user id then stays
+        reserved, so no other workspace gets it)."""
         if self._closed:
             return
         self._closed = True
         self.watchdog.stop()
         for p in self._tracked():
             p.kill()
-        if self.lease is not None and uid_users(self.lease) == 1:
-            _kill_uid(self.lease.uid)  # the last session of this workspace: nothing may outlive it
-        if self.lease is not None:
-            release_uid(self.lease)
+        survivors: list[int] = []
+        last = self.lease is None or uid_users(self.lease) == 1
+        if self.lease is not None and last:
+            survivors = sweep_uid(self.lease.uid, self.lease.gid)  # nothing may outlive the workspace's sessions
+        try:
+            diskfs.release(self.workspace)
+        finally:
+            if self.lease is not None and not survivors:
+                release_uid(self.lease)
+        if survivors:
+            raise SandboxError(f"local sandbox: processes {survivors} of user {self.lease.uid} survived SIGKILL "
+                               "when the sandbox closed; the user id stays reserved")
 
 
 _ns_ok: bool | None = None
@@ -306,18 +341,18 @@ def _namespaces_work() -> bool:
     return _ns_ok
 
 
-def _kill_uid(uid: int) -> None:
-    """Kill any process left running as the agent's user id (belt and braces)."""
-    if not is_root():
-        return
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == uid:
-                os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
+def _child_namespace(popen: subprocess.Popen, timeout: float = 5.0) -> str | None:
+    """The PID namespace ``unshare --pid`` made for its command (once it has made it)."""
+    own = pid_namespace(os.getpid())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ns = pid_namespace(popen.pid, children=True)
+        if ns is None or popen.poll() is not None:
+            return None
+        if ns != own:
+            return ns
+        time.sleep(0.002)
+    return None
 
 
 class LocalSandbox(Sandbox):
