@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -49,6 +50,21 @@ def _with_common(fn):
     return fn
 
 
+def check_eval_run(run_dir: Path) -> None:
+    """A one-line ConfigError unless ``run_dir`` is a run folder that ``cuda-agent eval`` made."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml)")
+    meta = run_dir / "plugins.json"
+    try:
+        command = json.loads(meta.read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        command = None
+    if command != "eval" and not (run_dir / "results.jsonl").is_file():
+        made = f"a {command!r} run" if command else "no plugins.json or results.jsonl"
+        raise ConfigError(f"--resume {run_dir}: not an eval run folder ({made}); "
+                          "give the folder of an earlier cuda-agent eval run")
+
+
 @click.command("eval", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1)
 @click.option("--solutions", type=click.Path(), default=None, help="Score this folder of solutions (no agent).")
@@ -76,8 +92,7 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
         return
     if resume:
         saved = Path(resume) / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
+        check_eval_run(Path(resume))
         files = [str(saved), *files]  # the run's own config first; arguments given now come after
     overrides += _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids)
     cfg = compose(files, overrides)

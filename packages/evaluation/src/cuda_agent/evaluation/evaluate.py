@@ -9,11 +9,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cuda_agent.core.errors import ConfigError
+from cuda_agent.core.errors import ConfigError, InfrastructureError
 from cuda_agent.core.plugins import get_plugin_manager
 from cuda_agent.core.types import Task
 
-from .metrics import TaskResult
+from .metrics import TaskResult, is_infra_error, scored
 from .report import _md_table, MAIN_HEADER, _main_rows, build_report, collect_environment, write_reports
 from .runner import RESULTS_FILE, ResultStore, run_tasks
 from .scoring import AgentScorer, ScoringOptions, SolutionScorer, select_tasks
@@ -206,15 +206,20 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             # episodes wait mostly on the model, solutions mostly on the GPU
             per_device = 2 if solutions is not None else 8
             workers = int(e.get("workers") or 0) or per_device * _device_count(executor)
-            results = run_tasks(
-                tasks,
-                scorer.score,
-                ResultStore(run.path(RESULTS_FILE)),
-                workers=workers,
-                progress=bool(e.get("progress", True)),
-                desc=f"eval {run.id}",
-                log=run.log,
-            )
+            try:
+                results = run_tasks(
+                    tasks,
+                    scorer.score,
+                    ResultStore(run.path(RESULTS_FILE)),
+                    workers=workers,
+                    progress=bool(e.get("progress", True)),
+                    desc=f"eval {run.id}",
+                    log=run.log,
+                    max_infra_share=float(e.get("max_infra_error_share", 0.25)),
+                )
+            except InfrastructureError as exc:
+                raise InfrastructureError(f"eval stopped: {exc.one_line()}; fix it and continue with: "
+                                          f"cuda-agent eval --resume {run.dir}") from exc
             extra = _extra_environment(cfg, backend, executor)
         except KeyboardInterrupt:
             import sys
@@ -235,7 +240,7 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             wall_seconds=round(run.earlier_seconds + wall, 2),  # all sessions of the run folder
             wall_seconds_this_session=round(wall, 2),
             tasks_selected=len(tasks),
-            tasks_scored=len(results),
+            tasks_scored=len(scored(results)),
             workers=workers,
             devices=_device_count(executor),
         )
@@ -252,6 +257,11 @@ def _finish(run: Any, results: list[TaskResult], info: dict, environment: dict, 
     run.pm.hook.on_step_end(run=run, step=0, metrics={f"eval/{k}": v for k, v in flat.items()})
     run.log.info("eval.done", **{k: flat.get(k) for k in ("n", "n_correct", "pass_rate", "faster_compile", "geomean_vs_compile")})
     summary = _md_table(MAIN_HEADER, _main_rows(report, info.get("label") or "this run"))
+    infra = [r for r in results if is_infra_error(r)]
+    if infra:
+        run.log.warning("eval.not_scored", infra_errors=len(infra), last=infra[-1].message)
+        summary += (f"\n\n{len(infra)} task(s) not scored: the infrastructure failed ({infra[-1].message}); "
+                    f"redo them with: cuda-agent eval --resume {run.dir}")
     return {"summary": summary, "paths": paths, "report": report, "run_dir": run.dir}
 
 

@@ -18,11 +18,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from cuda_agent.core.types import CandidateOutcome, FailureCategory
+from cuda_agent.core.types import INFRA_ERROR, CandidateOutcome, FailureCategory
 from cuda_agent.rewards.speedup import faster, geomean
 
 DEFAULT_MARGIN = 0.05
-FAILURE_ORDER = [c.value for c in FailureCategory if c is not FailureCategory.NONE]
+# the model's failures; an infrastructure error is no result of the task and is not among them
+FAILURE_ORDER = [c.value for c in FailureCategory if c not in (FailureCategory.NONE, FailureCategory.INFRA_ERROR)]
 # speedup histogram bin edges (speedup = t_baseline / t); the last bin is open
 SPEEDUP_BINS = [0.0, 0.5, 0.8, 0.95, 1.05, 1.25, 1.5, 2.0, 4.0]
 
@@ -54,6 +55,23 @@ class TaskResult:
     def from_dict(cls, d: dict) -> "TaskResult":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def infra_error_result(task_id: str, message: str, *, level: int | None = None, name: str = "",
+                       seconds: float = 0.0) -> TaskResult:
+    """A task whose episode the infrastructure ended (policy endpoint down after its retries):
+    not scored, not counted in any metric, redone when the run is resumed."""
+    return TaskResult(task_id=task_id, level=level, name=name, correct=False, failure=INFRA_ERROR,
+                      message=message[:500], seconds=seconds, metadata={"infra_error": True})
+
+
+def is_infra_error(r: TaskResult) -> bool:
+    return r.failure == INFRA_ERROR
+
+
+def scored(results: Iterable[TaskResult]) -> list[TaskResult]:
+    """The results that are the tasks' own (infrastructure errors left out)."""
+    return [r for r in results if not is_infra_error(r)]
 
 
 def _timing_ms(t: Any) -> float | None:

@@ -16,7 +16,7 @@ from importlib import metadata as _md
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .metrics import FAILURE_ORDER, TaskResult, compute_metrics
+from .metrics import FAILURE_ORDER, TaskResult, compute_metrics, is_infra_error, scored
 
 # The paper's Table 1 (KernelBench L1-L3, 250 problems): pass / faster than compile /
 # geomean vs compile (and, for CUDA Agent, faster than eager / geomean vs eager overall).
@@ -194,10 +194,18 @@ def build_report(
     environment: dict | None = None,
     margin: float = 0.05,
 ) -> dict:
-    """The whole report as one JSON-ready mapping."""
-    results = sorted(results, key=_task_order)
+    """The whole report as one JSON-ready mapping.
+
+    Infrastructure errors are no task results: they are left out of the metrics and the
+    task list, and counted in ``info.infra_errors`` (their tasks in ``not_scored``).
+    """
+    not_scored = sorted((r for r in results if is_infra_error(r)), key=_task_order)
+    results = sorted(scored(results), key=_task_order)
+    info = dict(info or {})
+    info["infra_errors"] = len(not_scored)
     return {
-        "info": {"generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(info or {})},
+        "info": {"generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **info},
+        "not_scored": [{"task_id": r.task_id, "message": r.message} for r in not_scored],
         "environment": environment if environment is not None else collect_environment(results),
         "metrics": compute_metrics(results, margin),
         "paper": {"overall": PAPER_ROWS, "levels": PAPER_LEVELS},
@@ -402,8 +410,9 @@ def _info_lines(report: dict) -> list[str]:
         ("generated", "generated"),
         ("wall_seconds", "wall time (s)"),
         ("unmatched_solutions", "solutions matching no task"),
+        ("infra_errors", "not scored (infrastructure errors, redone by --resume)"),
     ):
-        if i.get(key) not in (None, ""):
+        if i.get(key) not in (None, "") and not (key == "infra_errors" and not i[key]):
             v = i[key]
             if key == "wall_seconds":
                 v = f"{float(v):.1f}"

@@ -17,9 +17,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from cuda_agent.core.errors import InfrastructureError
 from cuda_agent.core.types import FailureCategory, Task
 
-from .metrics import TaskResult
+from .metrics import TaskResult, is_infra_error
 
 RESULTS_FILE = "results.jsonl"
 
@@ -48,8 +49,8 @@ class ResultStore:
         return out
 
     def finished(self) -> dict[str, TaskResult]:
-        """Results that count as done (a harness error is retried on resume)."""
-        return {k: r for k, r in self.load().items() if not r.metadata.get("harness_error")}
+        """Results that count as done (a harness or infrastructure error is retried on resume)."""
+        return {k: r for k, r in self.load().items() if not r.metadata.get("harness_error") and not is_infra_error(r)}
 
     def append(self, result: TaskResult) -> None:
         line = json.dumps(result.to_dict(), default=str)
@@ -92,13 +93,16 @@ def run_tasks(
     desc: str = "eval",
     on_result: Callable[[TaskResult], Any] | None = None,
     log: Any = None,
+    max_infra_share: float | None = None,
 ) -> list[TaskResult]:
     """Score every task not already in ``store``; returns the results of all ``tasks``.
 
     ``score(task)`` returns the task's :class:`TaskResult`; an exception it raises is
     recorded as a harness error (retried when the run is resumed). On
     KeyboardInterrupt, tasks not started are dropped, results that arrive after it
-    are not recorded, and the interrupt propagates.
+    are not recorded, and the interrupt propagates. Once more than ``max_infra_share``
+    of the results of this call are infrastructure errors (recorded, and redone on
+    resume), the run stops the same way with an :class:`InfrastructureError`.
     """
     done = store.finished()
     todo = [t for t in tasks if t.id not in done]
@@ -113,6 +117,7 @@ def run_tasks(
         bar = tqdm(total=len(tasks), initial=len(results), desc=desc, unit="task", dynamic_ncols=True, smoothing=0.1)
         _postfix(bar, results.values())
     stop = threading.Event()
+    session = {"done": 0, "infra": 0}
 
     def one(task: Task) -> TaskResult | None:
         if stop.is_set():
@@ -159,6 +164,7 @@ def run_tasks(
                 if bar is not None:
                     bar.update(1)
                     _postfix(bar, results.values())
+                _count_infra(session, r, max_infra_share, log)
                 nxt = next(it, None)
                 if nxt is not None:
                     pending.add(pool.submit(one, nxt))
@@ -174,8 +180,23 @@ def run_tasks(
     return [results[t.id] for t in tasks if t.id in results]
 
 
+def _count_infra(session: dict, r: TaskResult, max_share: float | None, log: Any) -> None:
+    """Count ``r`` in this session; raise once infrastructure errors pass ``max_share`` of it."""
+    session["done"] += 1
+    if not is_infra_error(r):
+        return
+    session["infra"] += 1
+    if log is not None:
+        log.warning("eval.infra_error", task_id=r.task_id, error=r.message, count=session["infra"],
+                    of=session["done"])
+    if max_share is not None and session["infra"] > max_share * session["done"]:
+        raise InfrastructureError(
+            f"{session['infra']} of {session['done']} episodes finished in this session failed for "
+            f"infrastructure reasons (more than eval.max_infra_error_share={max_share:g}); last: {r.message}")
+
+
 def _postfix(bar: Any, results: Iterable[TaskResult]) -> None:
-    rs = list(results)
+    rs = [r for r in results if not is_infra_error(r)]
     if not rs:
         return
     ok = sum(r.correct for r in rs)

@@ -27,13 +27,14 @@ from cuda_agent.core.types import (
     VerifyResult,
 )
 
-from .metrics import TaskResult, best_result, result_from_outcome
+from .metrics import TaskResult, best_result, infra_error_result, result_from_outcome
 from .solutions import KERNELBENCH, Solution, install_solution
 
 VERIFY_JOB = "cuda_agent.sandbox.executors.tasks:verify"
 PROFILE_JOB = "cuda_agent.sandbox.executors.tasks:profile"
 EVALUATE_JOB = "cuda_agent.sandbox.executors.tasks:evaluate"  # verify, then profile, in one worker
 BASELINE_JOB = "cuda_agent.evaluation.jobs:baselines"
+BUILD_JOB = "cuda_agent.sandbox.service:compile_job"  # a build sent to the executor's build_executor()
 
 
 # --- task selection ------------------------------------------------------------------
@@ -187,7 +188,13 @@ class CandidateEvaluator:
 
     def build(self, root: Path) -> CompileResult:
         t0 = time.perf_counter()
+        remote = getattr(self.executor, "build_executor", None)
+        remote = remote() if callable(remote) else None
         try:
+            if remote is not None:  # the executor builds elsewhere (CPU nodes of a cluster)
+                job = _job(BUILD_JOB, {"compiler": self.compiler(), "workspace": str(root)}, "compile", 600.0, root.name)
+                job.pass_device = False
+                return remote.submit(job).result()
             return self.compiler().build(root)
         except Exception as exc:
             if isinstance(exc, ConfigError):
@@ -296,6 +303,9 @@ def _compiler_name(spec: Any) -> str | None:
 class AgentScorer:
     """Runs ``attempts`` agent episodes per task and scores the best correct candidate.
 
+    An episode the infrastructure ended (``finish_reason`` "infra_error") makes the task an
+    infrastructure error (:func:`~.metrics.infra_error_result`): no score, redone on resume.
+
     ``make_env(task, workspace_dir)`` builds the episode's environment (the sandbox's
     CudaEnvironment by default); trajectories are appended to ``trajectories`` (a
     TrajectoryStore) when given.
@@ -340,6 +350,11 @@ class AgentScorer:
             finish.append(traj.finish_reason)
             if self.trajectories is not None:
                 self.trajectories.append(traj)
+            if traj.infra_error:  # not the model's result: the task is redone on resume
+                r = infra_error_result(task.id, str(traj.metadata.get("error") or "infrastructure error"),
+                                       level=task.level, name=task.name, seconds=time.perf_counter() - t0)
+                r.metadata.update(finish_reasons=finish, attempts=self.attempts, trajectory=traj.id)
+                return r
             for cand in traj.candidates:
                 r = result_from_outcome(task.id, cand.outcome, level=task.level, name=task.name, source=f"{traj.id}#turn{cand.turn}")
                 results.append(r)
