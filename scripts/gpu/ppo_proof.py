@@ -158,7 +158,8 @@ def main() -> int:
     overrides = [
         f"run.output_dir={out / 'runs'}", "run.name=ppo_proof", "logging.console=false",
         f"trainer.model.path={out / 'base'}", "trainer.model.dtype=float32",
-        "trainer.engine.backend=auto", f"trainer.engine.mixed_precision={'bf16' if cuda else 'no'}",
+        # 'no' quoted: YAML reads a bare no as false
+        "trainer.engine.backend=auto", "trainer.engine.mixed_precision=" + ("bf16" if cuda else "'no'"),
         f"trainer.engine.device={'cuda' if cuda else 'cpu'}",
         "trainer.engine.gradient_checkpointing=true",
         f"trainer.rollout.max_batch={args.batch}", f"trainer.rollout.concurrency={args.batch}",

@@ -150,7 +150,10 @@ def check_values(cfg: DictConfig, defaults: Any, schemas: Schemas, open_keys: se
     def check(where: str, value: Any, tp: Any, meta: Mapping) -> Any:
         ok, out = coerce(value, tp)
         if not ok:
-            raise ConfigError(f"bad value for {where}: expected {_describe(tp)}, got {_shown(value)}")
+            hint = ""
+            if isinstance(value, bool) and coerce("text", tp)[0]:
+                hint = " (YAML reads an unquoted yes/no/on/off as true or false: quote it, e.g. 'no')"
+            raise ConfigError(f"bad value for {where}: expected {_describe(tp)}, got {_shown(value)}{hint}")
         _check_bounds(where, out, meta)
         return out
 
