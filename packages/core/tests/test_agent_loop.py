@@ -142,6 +142,21 @@ def test_endpoint_down_is_an_infra_error_with_every_retry_logged(tmp_path):
     assert all("HTTP 500" in e["error"] and "upstream down" in e["error"] for e in retries)
     assert [e["event"] for e in events].count("policy.unavailable") == 1
 
+def test_connection_refused_is_an_infra_error(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pol = OpenAIPolicy(OpenAIPolicy.Options(model="m", base_url=f"http://127.0.0.1:{port}/v1", backoff=0.01,
+                                            max_retries=1))
+    env = env_for(tmp_path)
+    traj = run_episode_sync(TASK, pol, env)
+    env.close()
+    assert traj.finish_reason == "infra_error" and "ConnectError" in traj.metadata["error"]
+    assert pol.retries == 1 and traj.reward is None
+
+
 def test_bad_request_is_the_policy_error_it_was(tmp_path):
     """A 4xx that is not retryable fails at once, and stays an ordinary policy error."""
     with ScriptedChatServer([{"status": 400, "body": "bad request"}]) as server:
