@@ -126,8 +126,10 @@ class Tree:
     # -- folders ------------------------------------------------------------------------
 
     @contextmanager
-    def folder(self, parts: list[str], create: bool = False, mode: int = 0o777) -> Iterator[int]:
-        """A descriptor of the folder ``parts`` (made, with its parents, when ``create``)."""
+    def folder(self, parts: list[str], create: bool = False, mode: int = 0o777,
+               owner: tuple[int, int] | None = None) -> Iterator[int]:
+        """A descriptor of the folder ``parts`` (made, with its parents, when ``create``;
+        new folders belong to ``owner``, by default to the owner of the folder they are made in)."""
         shown = _join(parts)
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -139,7 +141,7 @@ class Tree:
                         raise UnsafePath(f"{shown}: no such folder", "missing", _join(parts[: i + 1])) from None
                     try:
                         os.mkdir(name, mode, dir_fd=fd)
-                        _inherit_owner(fd, name)
+                        _inherit_owner(fd, name, owner)
                     except FileExistsError:
                         pass
                     try:
@@ -159,12 +161,13 @@ class Tree:
             os.close(fd)
 
     @contextmanager
-    def parent(self, path: str | os.PathLike, create: bool = False) -> Iterator[tuple[int, str, list[str]]]:
+    def parent(self, path: str | os.PathLike, create: bool = False, owner: tuple[int, int] | None = None
+               ) -> Iterator[tuple[int, str, list[str]]]:
         """(descriptor of the folder holding ``path``, its last name, all its parts)."""
         parts = self.parts(path)
         if not parts:
             raise UnsafePath(f"{os.fspath(path)}: names the root folder, not a file", "folder", ".")
-        with self.folder(parts[:-1], create=create) as fd:
+        with self.folder(parts[:-1], create=create, owner=owner) as fd:
             yield fd, parts[-1], parts
 
     # -- files --------------------------------------------------------------------------
@@ -229,14 +232,16 @@ class Tree:
     def read_text(self, path: str | os.PathLike, limit: int | None = None) -> str:
         return self.read_bytes(path, limit).decode("utf-8", errors="replace")
 
-    def write_bytes(self, path: str | os.PathLike, data: bytes, make_dirs: bool = False, mode: int = 0o666) -> bool:
-        """Replace the content of a regular file (created when missing; an existing one keeps
-        its owner and mode). True when the file existed."""
-        with self.parent(path, create=make_dirs) as (dfd, name, parts):
+    def write_bytes(self, path: str | os.PathLike, data: bytes, make_dirs: bool = False, mode: int = 0o666,
+                    owner: tuple[int, int] | None = None) -> bool:
+        """Replace the content of a regular file (created when missing, and then owned by
+        ``owner`` or by the owner of its folder; an existing one keeps its owner and mode).
+        True when the file existed."""
+        with self.parent(path, create=make_dirs, owner=owner) as (dfd, name, parts):
             existed = False
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE, mode, dir_fd=dfd)
-                _inherit_owner(dfd, name)
+                _inherit_owner(dfd, name, owner)
             except FileExistsError:
                 existed = True
                 fd = self._open(dfd, name, os.O_WRONLY, parts)
@@ -251,8 +256,9 @@ class Tree:
                 os.close(fd)
             return existed
 
-    def write_text(self, path: str | os.PathLike, text: str, make_dirs: bool = False) -> bool:
-        return self.write_bytes(path, text.encode("utf-8"), make_dirs=make_dirs)
+    def write_text(self, path: str | os.PathLike, text: str, make_dirs: bool = False,
+                   owner: tuple[int, int] | None = None) -> bool:
+        return self.write_bytes(path, text.encode("utf-8"), make_dirs=make_dirs, owner=owner)
 
     def unlink(self, path: str | os.PathLike) -> None:
         """Remove a file or a link (the link itself, never what it points to)."""
@@ -356,11 +362,13 @@ def file_refusal(st: os.stat_result, shown: str) -> UnsafePath | None:
     return None
 
 
-def _inherit_owner(dir_fd: int, name: str) -> None:
-    """As root, a new entry belongs to the owner of the folder it is made in (the agent's
-    files stay the agent's)."""
+def _inherit_owner(dir_fd: int, name: str, owner: tuple[int, int] | None = None) -> None:
+    """As root, a new entry belongs to ``owner``, by default to the owner of the folder it
+    is made in (the agent's files stay the agent's)."""
     if os.geteuid() != 0:
         return
-    st = os.fstat(dir_fd)
-    if st.st_uid or st.st_gid:
-        os.chown(name, st.st_uid, st.st_gid, dir_fd=dir_fd, follow_symlinks=False)
+    if owner is None:
+        st = os.fstat(dir_fd)
+        owner = (st.st_uid, st.st_gid)
+    if owner != (0, 0):
+        os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)

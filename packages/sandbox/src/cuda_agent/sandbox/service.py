@@ -640,7 +640,7 @@ class WorkspaceService:
             if agent_fingerprint(self.root) != before:
                 # an entry was replaced or written meanwhile: what the tools read may not be what
                 # the agent could read, and the verdict may not be the snapshot's: none is kept
-                return self._record(kind, t0, files, key, _refused_outcome([CHANGED]), [])
+                return self._record(kind, t0, files, key, _refused_outcome([CHANGED]), [], report=False)
             if outcome.compile is not None and outcome.compile.ok and self.options.reuse_results:
                 slot = self._cache.setdefault(key, {})
                 if outcome.verify is not None and outcome.verify.ok:
@@ -679,8 +679,9 @@ class WorkspaceService:
         return outcome, reused
 
     def _record(self, kind: str, t0: float, files: dict[str, str], key: str, outcome: CandidateOutcome,
-                reused: list[str]) -> dict:
-        """Score ``outcome``, keep it in the history and report it to ``on_result``."""
+                reused: list[str], report: bool = True) -> dict:
+        """Score ``outcome``, keep it in the history and report it to ``on_result`` (unless
+        not ``report``: a run whose files changed under it says nothing of ``files``)."""
         reward = None
         try:
             reward = self.reward.score(outcome) if self.reward is not None else None
@@ -704,7 +705,7 @@ class WorkspaceService:
             if len(self.history) > self.options.history_limit:
                 del self.history[: len(self.history) - self.options.history_limit]
             self._append_history_file(entry)
-        if self.on_result is not None:
+        if self.on_result is not None and report:
             try:
                 self.on_result(entry)
             except Exception as exc:

@@ -295,6 +295,7 @@ class Workspace:
                 raise WorkspaceError(f"restore: {rel!r} is not an agent file (model_new.py or kernels/...)")
         tree = self.tree
         removed = []
+        owner = self._agent_owner()
         sources = set(agent_paths(self.root))
         for rel, st in _agent_entries(tree):
             if stat.S_ISLNK(st.st_mode) or (rel in sources and rel not in files and rel not in AGENT_FILES):
@@ -305,7 +306,7 @@ class Workspace:
         for rel, text in files.items():
             for _ in range(len(Path(rel).parts) + 1):
                 try:
-                    tree.write_text(rel, text, make_dirs=True)  # an existing file keeps its owner and mode
+                    tree.write_text(rel, text, make_dirs=True, owner=owner)  # an existing file keeps its owner
                     break
                 except UnsafePath as exc:
                     if exc.kind not in ("link", "not_folder", "hard_link", "special") or not (
@@ -316,6 +317,14 @@ class Workspace:
             else:
                 raise WorkspaceError(f"restore: cannot write {rel}: its path keeps changing")
         return removed
+
+    def _agent_owner(self) -> tuple[int, int] | None:
+        """The sandbox user the workspace's layout gave the agent's files (None: none)."""
+        from .privdrop import workspace_user
+
+        with contextlib.suppress(Exception):
+            return workspace_user(self.root)
+        return None
 
     # -- access rules -----------------------------------------------------------------
 
