@@ -21,7 +21,6 @@ from cuda_agent.core.interfaces import Compiler
 from cuda_agent.core.tools.base import ToolContext
 from cuda_agent.core.tools.shell import ShellSession
 from cuda_agent.core.types import CompileResult
-from cuda_agent.sandbox.executors.local import CpuExecutor, CpuExecutorOptions
 from cuda_agent.sandbox.sandboxes import LocalSandbox, SandboxError
 from cuda_agent.sandbox.sandboxes import diskfs
 from cuda_agent.sandbox.sandboxes.common import is_root, processes_of_uid, sweep_uid
@@ -34,7 +33,7 @@ if str(HERE) not in sys.path:  # executor workers import the helpers by module n
     sys.path.insert(0, str(HERE))
 
 from test_sandbox import docker_image, kind, make_sandbox, workspace  # noqa: E402,F401  (fixtures)
-from test_service import GOOD, make_ws  # noqa: E402
+from test_service import GOOD, executor, make_ws  # noqa: E402,F401  (executor: a fixture)
 from test_service_kit import TinyGxx  # noqa: E402
 
 CANARY = "TOP-SECRET-CANARY-1234"
@@ -51,14 +50,6 @@ def secret(tmp_path):
     f.write_text(CANARY + "\n")
     f.chmod(0o600)
     return f
-
-
-@pytest.fixture(scope="module")
-def executor():
-    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30))
-    ex.start()
-    yield ex
-    ex.close()
 
 
 def _service(ws: Path, executor, compiler=None, **opts) -> WorkspaceService:
@@ -347,13 +338,15 @@ def test_closing_the_sandbox_ends_and_checks_every_process_of_its_user(tmp_path)
     ws = workspace(tmp_path)
     s = make_sandbox("local").open(ws.root, ws.protected)
     uid = s.lease.uid
-    for cmd in ESCAPES.values():  # each left running, and its shell with it
-        s.spawn(["/bin/bash", "--noprofile", "--norc", "-c", cmd + "\nsleep 300"])
-    deadline = time.monotonic() + 10
-    while len(processes_of_uid(uid)) < len(ESCAPES) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(processes_of_uid(uid)) >= len(ESCAPES)
-    s.close()  # raises SandboxError when anything survives the sweep
+    try:
+        for cmd in ESCAPES.values():  # each left running, and its shell with it
+            s.spawn(["/bin/bash", "--noprofile", "--norc", "-c", cmd + "\nsleep 300"])
+        deadline = time.monotonic() + 10
+        while len(processes_of_uid(uid)) < len(ESCAPES) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(processes_of_uid(uid)) >= len(ESCAPES)
+    finally:
+        s.close()  # raises SandboxError when anything survives the sweep
     assert processes_of_uid(uid) == []
 
 

@@ -425,10 +425,10 @@ def remove_workspace(root: str | Path) -> None:
             pass
         func(path)
 
-    for p in [root, *root.rglob("*")]:
-        if p.is_dir() and not p.is_symlink():
-            try:
-                p.chmod(0o700)
-            except OSError:
-                pass
+    tree = Tree(root)
+    with contextlib.suppress(OSError, UnsafePath):
+        for rel, st in [(".", os.stat(root)), *tree.walk(".")]:
+            if stat.S_ISDIR(st.st_mode):  # never through a link
+                with contextlib.suppress(OSError, UnsafePath):
+                    tree.set_owner(rel, None, None, 0o700)
     shutil.rmtree(root, onerror=onerror)

@@ -24,6 +24,7 @@ session on it takes it over (or ``umount`` it by hand after copying the files ou
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -99,6 +100,20 @@ class _Mount:
 
 _mounts: dict[str, _Mount] = {}
 _lock = threading.Lock()
+
+
+def release_all() -> None:
+    """Copy back and unmount every file system this process still holds (at exit: a
+    session that was never closed leaves no mount behind)."""
+    with _lock:
+        roots = list(_mounts)
+        _mounts.clear()
+    for root in roots:
+        with contextlib.suppress(Exception):
+            _unmount(Path(root))
+
+
+atexit.register(release_all)
 
 
 def stage_of(root: Path) -> Path:

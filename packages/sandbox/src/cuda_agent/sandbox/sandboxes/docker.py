@@ -5,7 +5,8 @@ pulled) with: the workspace bind-mounted at ``/workspace``; protected paths and
 ``.cuda_agent`` mounted again on top, read-only (a read-only bind mount cannot be undone
 without capabilities, and a mount point cannot be deleted or renamed); no network
 (``network_mode: none``); memory, CPU and PID limits; a read-only root file system with a
-size-limited tmpfs on /tmp; a file-size ulimit; all capabilities dropped,
+size-limited tmpfs on /tmp; a file-size ulimit; the workspace a file system of ``disk_mb``
+when the engine runs on this host and we are root (:mod:`.diskfs`); all capabilities dropped,
 ``no-new-privileges``. Commands run as an unprivileged user id (the agent's own when the
 host side is root; the workspace's layout is then the same as in the local sandbox).
 

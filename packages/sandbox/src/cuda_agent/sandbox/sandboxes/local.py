@@ -5,10 +5,15 @@ What holds where (Linux):
 * always: own process group/session, killed as a whole on timeout or close; rlimits on
   CPU time, address space, file size and open files; a clean environment (no host
   variables leak in); a disk watchdog that kills the session when the workspace grows
-  past ``disk_mb``.
+  past ``disk_mb`` (sparse files at their full size).
+* as root: the workspace is a file system of ``disk_mb`` while sessions are open
+  (:mod:`.diskfs`), so preallocated space counts too.
 * as root (``isolation: auto`` or ``user``): each session runs under its own unprivileged
   user id (RLIMIT_NPROC then bounds a fork bomb), in new mount, PID and network
-  namespaces (``unshare``): no network (only a down loopback), private size-limited
+  namespaces (``unshare``); killing a command kills every member of its PID namespace
+  (whatever session, group or parent-death signal they chose), and the last session of a
+  workspace kills and checks that no process of its user id is left
+  (:func:`.common.sweep_uid`). No network (only a down loopback), private size-limited
   tmpfs on /tmp, /var/tmp and /dev/shm; /home, /root, /mnt, /media, /srv, the workspace's
   parent folder and closed folders on the way to the workspace and the Python
   installation shown empty, except for those two paths (system folders such as /usr and
