@@ -70,6 +70,13 @@ class Episode:
     def reward(self) -> RewardResult | None:
         return self.finish().reward
 
+    def record(self, traj: Trajectory) -> None:
+        """Report a trajectory scored outside the stepper (an adapter that ran the whole loop itself)."""
+        if not self.stepper._ended:
+            self.stepper._ended = True
+            if self._on_end is not None:
+                self._on_end(self, traj)
+
     def close(self) -> None:
         if self._closed:
             return
