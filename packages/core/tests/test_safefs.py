@@ -123,10 +123,10 @@ def test_hard_links_and_fifos_are_refused(ctx, outside):
 
 
 FLIPPER = """
-import os, shutil, sys, time
-sub, link, real, outside, stop = sys.argv[1:6]
+import os, shutil, sys
+sub, link, real, outside, want = sys.argv[1:6]
 flips = 0
-while not os.path.exists(stop):
+while flips < int(want):
     try:
         os.symlink(outside, link)
         os.rename(sub, real)
@@ -140,23 +140,21 @@ while not os.path.exists(stop):
                 os.unlink(p) if os.path.islink(p) else shutil.rmtree(p)
             except OSError:
                 pass
-print(flips)
 """
 
 
-def test_a_folder_swapped_for_a_link_while_writing_never_writes_outside(ctx, outside, tmp_path):
-    """The race: an agent process flips kernels/sub between a folder and a link while the
-    write tool writes into it; every component is opened without following links."""
+def test_a_folder_swapped_for_a_link_while_writing_never_writes_outside(ctx, outside):
+    """The race: an agent process flips kernels/sub between a folder and a link (300 times)
+    while the write tool writes into it; every component is opened without following links."""
     k = ctx.workspace / "kernels"
     (k / "sub").mkdir()
-    stop = tmp_path / "stop"
     proc = subprocess.Popen([sys.executable, "-c", FLIPPER, str(k / "sub"), str(k / ".link"), str(k / ".real"),
-                             str(outside), str(stop)], stdout=subprocess.PIPE, text=True)
+                             str(outside), "300"])
     refused = written = 0
     try:
-        deadline = time.monotonic() + 1.5
+        deadline = time.monotonic() + 60
         i = 0
-        while time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:
             i += 1
             try:
                 WriteTool().call({"path": f"kernels/sub/f{i}.cpp", "content": "x"}, ctx)
@@ -164,10 +162,11 @@ def test_a_folder_swapped_for_a_link_while_writing_never_writes_outside(ctx, out
             except ToolError:
                 refused += 1
     finally:
-        stop.touch()
-        flips = int(proc.communicate(timeout=30)[0])
+        if proc.poll() is None:
+            proc.kill()
+        rc = proc.wait(10)
     assert sorted(os.listdir(outside)) == ["secret.txt"]
-    assert written > 0 and flips > 50, (written, refused, flips)
+    assert rc == 0 and written > 0, (rc, written, refused)
 
 
 def test_tree_paths_are_lexical_and_bounded(tmp_path):
