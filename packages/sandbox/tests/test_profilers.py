@@ -231,46 +231,31 @@ def test_settled_waits_for_per_call_times_to_level_off():
 
 class _FakeGpuClock:
     """Stands in for the GPU in cuda_events' warm-up loop: each call takes the next scripted
-    time on a fake clock that both CUDA events and perf_counter read (the loop's logic is
-    what is tested here; the GPU test times a real matmul)."""
+    time on a fake clock that the warm-up's measurement and its host clock both read (the
+    loop's logic is what is tested here; the GPU test times a real matmul)."""
 
     def __init__(self, call_ms):
         self.call_ms = call_ms
         self.now = 0.0
         self.calls = 0
-        clock = self
 
-        class Event:
-            def __init__(self, enable_timing=True):
-                self.t = 0.0
+    def measure(self, calls, m):
+        out = []
+        for _ in range(m):
+            ms = self.call_ms(self.calls)
+            self.now += ms
+            self.calls += 1
+            out.append(ms)
+        return out
 
-            def record(self, stream=None):
-                self.t = clock.now
-
-            def elapsed_time(self, end):
-                return (end.t - self.t) * 1e3
-
-        self.Event = Event
-
-    def call(self):
-        self.now += self.call_ms(self.calls) / 1e3
-        self.calls += 1
-
-    def perf_counter(self):
+    def clock(self):
         return self.now
 
 
 def _warm_up_on(call_ms, monkeypatch, **options):
-    import types
-
-    from cuda_agent.sandbox.profilers import cuda_events
-
     gpu = _FakeGpuClock(call_ms)
-    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(cuda_events, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter))
     p = CudaEventsProfiler(CudaEventsProfiler.Options(warmup_ms=20.0, settle_tol=0.005, **options))
-    est, warmup_ms, drift = p._warm_up([gpu.call], None, None)
+    est, warmup_ms, drift = p._warm_up([lambda: None], gpu.measure, gpu.clock)
     return est, warmup_ms, drift, gpu.calls
 
 

@@ -6,6 +6,7 @@ import gc
 import math
 import statistics
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from cuda_agent.core.errors import CudaAgentError
@@ -13,6 +14,22 @@ from cuda_agent.core.types import Timing
 
 # prepare(iteration, inputs) runs before each timed call, outside the timed region
 Prepare = Callable[[int, list], None]
+# after(iteration, output) runs after each timed call, outside the timed region
+After = Callable[[int, Any], None]
+
+
+@dataclass
+class TimingRun:
+    """A timing between its two halves (``Profiler.begin`` and ``Profiler.loop``): what is
+    called (one zero-argument call per input set), the warm-up's estimate of one call and
+    its length, the method name, and the profiler's own state."""
+
+    calls: list
+    input_sets: list
+    estimate_ms: float
+    warmup_ms: float
+    method: str
+    state: dict = field(default_factory=dict)
 
 
 class ProfilerError(CudaAgentError):
@@ -71,8 +88,10 @@ def iterations_for(estimate_ms: float, target_ms: float, min_iters: int, max_ite
 
 @contextmanager
 def no_gc() -> Iterator[None]:
+    """The garbage collector off for the block (the youngest generation collected first; a
+    full collection of a process that holds torch takes tens of milliseconds)."""
     was = gc.isenabled()
-    gc.collect()
+    gc.collect(0)
     gc.disable()
     try:
         yield

@@ -44,15 +44,15 @@ import os
 import re
 import statistics
 import tempfile
-import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from cuda_agent.core.interfaces import Profiler
 from cuda_agent.core.types import Timing
 
-from .base import Prepare, ProfilerError, iterations_for, no_gc, settled, summarize, window_calls
+from ..judge import native
+from .base import After, Prepare, ProfilerError, TimingRun, iterations_for, no_gc, settled, summarize, window_calls
 
 
 def _device(device: Any):
@@ -134,95 +134,110 @@ class CudaEventsProfiler(Profiler):
         settle_ms: float = 1500.0  # longest extra warm-up waiting for per-call times to level off
         settle_tol: float = 0.005
 
-    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None) -> Timing:
+    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
+             after: After | None = None) -> Timing:
+        run = self.begin(fn, input_sets, device)
+        samples, info = self.loop(run, self.iterations(run.estimate_ms), prepare, after)
+        return self.finish(samples, run.method, run.warmup_ms, info)
+
+    # -- the two halves of a timing (a judge drives them separately) ------------------
+
+    def begin(self, fn: Any, input_sets: list, device: Any = None) -> TimingRun:
+        """Everything before the timed calls: the calls (captured graphs in graph mode),
+        the warm-up and the synchronisation latency."""
         import torch
 
         o = self.options
         dev = _device(device)
-        k = len(input_sets)
-        if k == 0:
+        if not input_sets:
             raise ProfilerError("cuda_events: no input sets")
         with torch.cuda.device(dev):
+            native.timing_for_cuda()
             flush = l2_flush_buffer(dev, o.flush_bytes) if o.flush_l2 else None
             stream = torch.cuda.current_stream(dev)
             calls, graphs, outputs = self._calls(fn, input_sets, dev)
             if graphs is not None:
                 self._graphs, self._graph_outputs = graphs, outputs
-
-            est, warmup_ms, _ = self._warm_up(calls, stream, dev)
+            est, warmup_ms, _ = self._warm_up(calls, self._measure(stream, dev))
             latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
-            n = iterations_for(est, o.target_ms, o.min_iters, o.max_iters)
+        return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=est, warmup_ms=warmup_ms,
+                         method=self.name + ("+graph" if graphs is not None else ""),
+                         state={"dev": dev, "stream": stream, "flush": flush, "latency": latency})
 
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            host = [0.0] * n
-            escaped = 0
-            sync_each = o.sync_each
-            if not sync_each and o.all_streams:
-                # probe a few synchronised calls: work left on other streams needs host timing
-                for j in range(min(5, n)):
-                    torch.cuda.synchronize(dev)
-                    starts[j].record(stream)
-                    t0 = time.perf_counter()
-                    calls[j % k]()
-                    ends[j].record(stream)
-                    torch.cuda.synchronize(dev)
-                    h = (time.perf_counter() - t0) * 1e3
-                    ev = starts[j].elapsed_time(ends[j])
-                    if h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency:
-                        sync_each = True
-            with no_gc():
-                for j in range(n):
-                    s = j % k
-                    if prepare is not None:
-                        prepare(j, input_sets[s])
-                    if flush is not None:
-                        flush.zero_()
-                    if sync_each:
-                        torch.cuda.synchronize(dev)
-                    starts[j].record(stream)
-                    t0 = time.perf_counter()
-                    calls[s]()
-                    ends[j].record(stream)
-                    if sync_each:
-                        torch.cuda.synchronize(dev)
-                        host[j] = (time.perf_counter() - t0) * 1e3
-                torch.cuda.synchronize(dev)
-            samples = []
-            for j in range(n):
-                ev = starts[j].elapsed_time(ends[j])
-                if sync_each and o.all_streams and host[j] - ev > max(o.escape_slack_ms, 0.05 * ev) + latency:
-                    escaped += 1
-                    samples.append(host[j] - latency)
-                else:
-                    samples.append(ev)
-        timing = summarize(samples, self.name + ("+graph" if graphs is not None else ""), o.keep_samples)
-        timing.warmup_ms = round(warmup_ms, 1)
-        if escaped > n // 2:
-            timing.method += "+host"  # most calls left work on other streams: host-timed
-        return timing
+    def iterations(self, estimate_ms: float) -> int:
+        o = self.options
+        return iterations_for(estimate_ms, o.target_ms, o.min_iters, o.max_iters)
 
-    def _warm_up(self, calls: list, stream: Any, dev: Any) -> tuple[float, float, float]:
-        """Warm up (see the module's notes) calling ``calls`` in turn. Returns the estimate of
-        one call, the warm-up's length in ms, and its drift: how far the per-call time moved
-        (relative) from the end of the fixed warm-up to the end of settling."""
+    def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
+             after: After | None = None) -> tuple[list[float], dict]:
+        """The ``n`` timed calls (compiled loop: events, L2 flush, input rotation); returns
+        the per-call samples (ms) and what the loop decided (``sync_each``, ``escaped``)."""
         import torch
 
         o = self.options
+        st = run.state
+        dev, stream, flush, latency = st["dev"], st["stream"], st["flush"], st["latency"]
+        calls, sets, k = run.calls, run.input_sets, len(run.calls)
+        mod = native.timing_for_cuda()
+        flush_args = {"flush_ptr": flush.data_ptr(), "flush_bytes": flush.numel() * flush.element_size()} if flush is not None else {}
+        sync_each = o.sync_each
+        with torch.cuda.device(dev):
+            if not sync_each and o.all_streams:
+                # a few synchronised calls: work left on other streams needs host timing
+                probe_dev, probe_host = mod.run_loop(calls, min(5, n), stream=stream.cuda_stream, sync_each=True)
+                sync_each = any(h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency
+                                for ev, h in zip(probe_dev, probe_host))
+            prep = (lambda j: prepare(j, sets[j % k])) if prepare is not None else None
+            with no_gc():
+                dev_ms, host_ms = mod.run_loop(calls, n, prepare=prep, after=after, stream=stream.cuda_stream,
+                                               sync_each=sync_each, **flush_args)
+        samples, escaped = [], 0
+        for ev, h in zip(dev_ms, host_ms):
+            if sync_each and o.all_streams and h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency:
+                escaped += 1
+                samples.append(h - latency)
+            else:
+                samples.append(ev)
+        return samples, {"sync_each": bool(sync_each), "escaped": escaped}
+
+    def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
+        timing = summarize(samples, method, self.options.keep_samples)
+        timing.warmup_ms = round(warmup_ms, 1)
+        if (info or {}).get("escaped", 0) > len(samples) // 2:
+            timing.method += "+host"  # most calls left work on other streams: host-timed
+        return timing
+
+    @staticmethod
+    def _measure(stream: Any, dev: Any) -> Callable[[list, int], list[float]]:
+        """Per-call device times of ``m`` synchronised calls (the warm-up's measurement)."""
+        mod = native.timing_for_cuda()
+
+        def measure(calls: list, m: int) -> list[float]:
+            return mod.run_loop(calls, m, stream=stream.cuda_stream, sync_each=True)[0]
+
+        return measure
+
+    def _warm_up(self, calls: list, measure: Callable[[list, int], list[float]],
+                 clock: Callable[[], float] | None = None) -> tuple[float, float, float]:
+        """Warm up (see the module's notes) calling ``calls`` in turn, ``measure(calls, m)``
+        timing ``m`` of them at a time. Returns the estimate of one call, the warm-up's
+        length in ms (``clock``: ms, the compiled loop's host clock by default), and its
+        drift: how far the per-call time moved (relative) from the end of the fixed warm-up
+        to the end of settling."""
+        o = self.options
         k = len(calls)
-        t_start = time.perf_counter()
+        clock = clock or native.timing().host_ms
+        t_start = clock()
         warm: list[float] = []
         first = None
         next_check = 0  # settling is checked once per window of calls, not after every call
         while True:
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
-            e0.record(stream)
-            calls[len(warm) % k]()
-            e1.record(stream)
-            torch.cuda.synchronize(dev)
-            warm.append(e0.elapsed_time(e1))
-            elapsed = (time.perf_counter() - t_start) * 1e3
+            # a few calls at a time: about a fiftieth of the warm-up, one call at first
+            recent = statistics.median(warm[-3:]) if warm else 0.0
+            m = 1 if recent <= 0 else max(1, min(64, int(o.warmup_ms / 50 / recent)))
+            off = len(warm) % k
+            warm.extend(measure(calls[off:] + calls[:off], m))
+            elapsed = clock() - t_start
             if len(warm) >= max(o.warmup_iters, 1000):  # very fast calls: enough
                 break
             if len(warm) < o.warmup_iters or elapsed < o.warmup_ms:
@@ -237,7 +252,7 @@ class CudaEventsProfiler(Profiler):
                 next_check = len(warm) + window_calls(warm, o.warmup_ms / 2)
         last = statistics.median(warm[-window_calls(warm, o.warmup_ms / 2):])
         drift = abs(last - first) / first if first else 0.0
-        return statistics.median(warm[-3:]), (time.perf_counter() - t_start) * 1e3, drift
+        return statistics.median(warm[-3:]), clock() - t_start, drift
 
     def _calls(self, fn: Any, input_sets: list, dev: Any) -> tuple[list, list | None, list | None]:
         """What a timing calls, one per input set: ``fn`` on the set, or in graph mode the
@@ -245,7 +260,7 @@ class CudaEventsProfiler(Profiler):
         if not self.options.cuda_graph:
             return [lambda a=args: fn(*a) for args in input_sets], None, None
         graphs, outputs = self._capture(fn, input_sets, dev)
-        return [g.replay for g in graphs], graphs, outputs
+        return [_replay_of(g) for g in graphs], graphs, outputs
 
     def warmup_drift(self, fn: Any, input_sets: list, device: Any = None) -> float:
         """How far ``fn``'s per-call time moves while it runs on (relative): 0 when it is
@@ -258,7 +273,7 @@ class CudaEventsProfiler(Profiler):
         with torch.cuda.device(dev):
             calls, graphs, outputs = self._calls(fn, input_sets, dev)
             try:
-                return self._warm_up(calls, torch.cuda.current_stream(dev), dev)[2]
+                return self._warm_up(calls, self._measure(torch.cuda.current_stream(dev), dev))[2]
             finally:
                 del calls, outputs
                 for g in graphs or ():
@@ -333,19 +348,8 @@ class CudaEventsProfiler(Profiler):
         import torch
 
         x = torch.empty(1, device=dev)
-        gaps = []
-        for _ in range(25):
-            torch.cuda.synchronize(dev)
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
-            e0.record(stream)
-            t0 = time.perf_counter()
-            x.zero_()
-            e1.record(stream)
-            torch.cuda.synchronize(dev)
-            h = (time.perf_counter() - t0) * 1e3
-            gaps.append(max(0.0, h - e0.elapsed_time(e1)))
-        return statistics.median(gaps)
+        dev_ms, host_ms = native.timing_for_cuda().run_loop([x.zero_], 25, stream=stream.cuda_stream, sync_each=True)
+        return statistics.median(max(0.0, h - e) for e, h in zip(dev_ms, host_ms))
 
     def replay_output(self, index: int = 0) -> Any:
         """In graph mode, after :meth:`time`: replay the graph of input set ``index`` on its
@@ -393,6 +397,16 @@ class CudaEventsProfiler(Profiler):
         return graphs, outputs
 
 
+def _replay_of(graph: Any) -> Any:
+    """The graph's replay as torch's compiled method (not the Python wrapper a module
+    attribute could replace)."""
+    import torch
+
+    base = getattr(getattr(torch, "_C", None), "_CUDAGraph", None)
+    replay = getattr(base, "replay", None)
+    return replay.__get__(graph) if replay is not None else graph.replay
+
+
 def _dot_print(graph: Any, path: str) -> str:
     """Print a kept CUDA graph (``raw_cuda_graph``) as DOT through the CUDA runtime loaded
     in this process; returns what was tried, with its outcome when it failed."""
@@ -403,7 +417,7 @@ def _dot_print(graph: Any, path: str) -> str:
         raw = graph.raw_cuda_graph()
     except Exception as exc:
         return f"{what} (no raw graph: {exc})"
-    lib_path = _loaded_library("libcudart.so")
+    lib_path = native.loaded_library("libcudart.so")
     if lib_path is None:
         return f"{what} (libcudart is not loaded in this process)"
     try:
@@ -414,17 +428,3 @@ def _dot_print(graph: Any, path: str) -> str:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint]
     rc = fn(ctypes.c_void_p(int(raw)), path.encode(), 1)  # 1: cudaGraphDebugDotFlagsVerbose
     return what if rc == 0 else f"{what} (CUDA error {rc})"
-
-
-def _loaded_library(stem: str) -> str | None:
-    """The path of a shared library whose file name starts with ``stem`` and that this
-    process has mapped (the one torch uses), or None."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.split(maxsplit=5)[-1].strip()
-                if os.path.basename(path).startswith(stem):
-                    return path
-    except OSError:
-        pass
-    return None

@@ -1,21 +1,22 @@
-"""Wall-clock profiler for the CPU backend: ``time.perf_counter`` around each call."""
+"""Wall-clock profiler for the CPU backend: the host clock around each call, read in the
+judge's compiled timing loop (:mod:`cuda_agent.sandbox.judge.native`)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from cuda_agent.core.interfaces import Profiler
 from cuda_agent.core.types import Timing
 
-from .base import Prepare, iterations_for, no_gc, summarize
+from ..judge import native
+from .base import After, Prepare, ProfilerError, TimingRun, iterations_for, no_gc, summarize
 
 
 class WallclockProfiler(Profiler):
     name = "wallclock"
     backend = "cpu"
-    description = "CPU wall-clock time per call (perf_counter): warm-up, rotated inputs, optional cache flush, median and spread"
+    description = "CPU wall-clock time per call (compiled loop, CLOCK_MONOTONIC): warm-up, rotated inputs, optional cache flush, median and spread"
 
     @dataclass
     class Options:
@@ -27,35 +28,59 @@ class WallclockProfiler(Profiler):
         flush_bytes: int = 0  # >0: write this many bytes between calls to evict CPU caches
         keep_samples: int = 200
 
-    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None) -> Timing:
+    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
+             after: After | None = None) -> Timing:
+        run = self.begin(fn, input_sets, device)
+        samples, info = self.loop(run, self.iterations(run.estimate_ms), prepare, after)
+        return self.finish(samples, run.method, run.warmup_ms, info)
+
+    def begin(self, fn: Any, input_sets: list, device: Any = None) -> TimingRun:
+        """Warm-up (and a first estimate of one call), timed by the compiled loop's clock."""
         o = self.options
-        k = len(input_sets)
+        if not input_sets:
+            raise ProfilerError("wallclock: no input sets")
+        mod = native.timing()
+        calls = [lambda a=args: fn(*a) for args in input_sets]
+        k = len(calls)
+        i = 0
+        t_start = mod.host_ms()
+        last = 0.0
+        while i < o.warmup_iters or mod.host_ms() - t_start < o.warmup_ms:
+            off = i % k
+            last = mod.run_loop(calls[off:] + calls[:off], 1)[1][0]
+            i += 1
+            if i >= 10 * max(o.warmup_iters, 1) and mod.host_ms() - t_start >= o.warmup_ms / 4:
+                break
+        return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=last, warmup_ms=mod.host_ms() - t_start,
+                         method=self.name)
+
+    def iterations(self, estimate_ms: float) -> int:
+        o = self.options
+        return iterations_for(estimate_ms, o.target_ms, o.min_iters, o.max_iters)
+
+    def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
+             after: After | None = None) -> tuple[list[float], dict]:
+        """The ``n`` timed calls in the compiled loop (host clock per call)."""
+        o = self.options
+        sets, k = run.input_sets, len(run.calls)
         flush = None
         if o.flush_bytes > 0:
             import torch
 
             flush = torch.empty(o.flush_bytes, dtype=torch.uint8)
-        # warm-up (and a first estimate of one call)
-        i = 0
-        t_start = time.perf_counter()
-        last = 0.0
-        while i < o.warmup_iters or (time.perf_counter() - t_start) * 1e3 < o.warmup_ms:
-            t0 = time.perf_counter()
-            fn(*input_sets[i % k])
-            last = (time.perf_counter() - t0) * 1e3
-            i += 1
-            if i >= 10 * max(o.warmup_iters, 1) and (time.perf_counter() - t_start) * 1e3 >= o.warmup_ms / 4:
-                break
-        n = iterations_for(last, o.target_ms, o.min_iters, o.max_iters)
-        samples = []
+
+        def prep(j: int) -> None:
+            if prepare is not None:
+                prepare(j, sets[j % k])
+            if flush is not None:
+                flush.fill_(j & 0xFF)
+
         with no_gc():
-            for j in range(n):
-                args = input_sets[j % k]
-                if prepare is not None:
-                    prepare(j, args)
-                if flush is not None:
-                    flush.fill_(j & 0xFF)
-                t0 = time.perf_counter()
-                fn(*args)
-                samples.append((time.perf_counter() - t0) * 1e3)
-        return summarize(samples, self.name, o.keep_samples)
+            _, host_ms = native.timing().run_loop(run.calls, n, prepare=prep if prepare or flush is not None else None,
+                                                  after=after)
+        return list(host_ms), {}
+
+    def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
+        timing = summarize(samples, method, self.options.keep_samples)
+        timing.warmup_ms = round(warmup_ms, 1)
+        return timing
