@@ -138,8 +138,10 @@ def test_environment_factory_reward_is_the_judges(tmp_path):
     assert all(s["finish_reason"] == "max_turns" for s in ran)
     assert max(_logged(trainer, "tools/failure_frequency")) > 0
     assert all(s["reward"] in (-1.0, 1.0, 2.0, 3.0) for s in envs.scored)
-    swapped = [s for s in ran if s["task_id"] == "axpby_swapped"]
-    assert all(s["reward"] == -1.0 and not s["correct"] for s in swapped)
+    for s in ran:  # the copied example passes verification on its own task, fails on the swapped one
+        assert s["verified"] == (s["task_id"] == "axpby"), envs.scored
+        if s["task_id"] == "axpby_swapped":
+            assert s["reward"] == -1.0 and not s["correct"]
 
 
 def test_bad_calls_are_errors_for_the_model_not_crashes(tmp_path):
@@ -168,9 +170,9 @@ def test_reward_function_scores_single_turn_completions(tmp_path):
 
     episodes = EpisodeFactory(_tasks(), options=EpisodeOptions(backend="cpu", tools=["bash"],
                                                                workdir=str(tmp_path / "ws")))
-    reward = CudaReward(episodes, workers=2)
     dataset = task_dataset(episodes, repeat=1, system=SYSTEM, task_in_prompt=True)
     model, tok = _policy([dataset[i]["prompt"] for i in range(len(dataset))], None)
+    reward = CudaReward(episodes, workers=2, tokenizer=tok)  # this tokenizer's tool tags are special tokens
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=_config(tmp_path, max_steps=1),
                           train_dataset=dataset, processing_class=tok)
     try:
@@ -179,6 +181,11 @@ def test_reward_function_scores_single_turn_completions(tmp_path):
         reward.close()
     logged = _logged(trainer, "rewards/cuda_reward/mean")
     assert len(logged) == 1 and len(reward.scored) == 2
-    assert math.isclose(logged[0], sum(v for _, v in reward.scored) / 2, abs_tol=1e-6)
+    assert math.isclose(logged[0], sum(s["reward"] for s in reward.scored) / 2, abs_tol=1e-6), reward.scored
+    # the completions' calls ran (bash + the unknown tool) and what they left was judged
+    ran = [s for s in reward.scored if s["tool_calls"] == 2]
+    assert ran, reward.scored
+    for s in ran:
+        assert s["verified"] == (s["task_id"] == "axpby"), reward.scored
     with pytest.raises(ValueError, match="needs a task_id column"):
         reward(prompts=["p"], completions=["c"])

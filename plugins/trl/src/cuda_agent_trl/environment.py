@@ -82,7 +82,8 @@ class CudaToolEnvFactory:
     """``environment_factory`` for TRL's GRPOTrainer over an :class:`EpisodeFactory`.
 
     ``factory()`` returns a new environment instance. ``scored`` lists every rollout scored
-    so far (task id, reward value, finish reason, turns, tool calls), in scoring order.
+    so far (task id, reward value, finish reason, turns, tool calls, whether a candidate passed
+    verification and was judged correct), in scoring order.
     """
 
     def __init__(self, episodes: EpisodeFactory):
@@ -117,7 +118,9 @@ class CudaToolEnvFactory:
         with self._lock:
             self.scored.append({"task_id": episode.task.id, "reward": value, "finish_reason": traj.finish_reason,
                                 "turns": len(traj.turns), "tool_calls": traj.metadata.get("tool_calls", 0),
-                                "correct": bool(traj.reward is not None and traj.reward.correct)})
+                                "correct": bool(traj.reward is not None and traj.reward.correct),
+                                "verified": any(c.outcome.verify is not None and c.outcome.verify.ok
+                                                for c in traj.candidates)})
 
     def close(self) -> None:
         self.episodes.close()

@@ -35,17 +35,21 @@ def assistant_turn(completion: Any) -> tuple[str, list | None]:
 class CudaReward:
     """Scores each completion with our judge; ``workers`` completions are judged at once.
 
-    ``scored`` lists ``(task_id, reward)`` for every completion scored so far.
+    ``scored`` lists every completion scored so far (task id, reward value, tool calls run,
+    whether a candidate was judged correct).
     """
 
     __name__ = "cuda_reward"  # the name TRL logs it under: rewards/cuda_reward/mean
 
-    def __init__(self, episodes: EpisodeFactory, workers: int = 4):
+    def __init__(self, episodes: EpisodeFactory, workers: int = 4, tokenizer: Any = None):
         self.episodes = episodes
         self.workers = max(1, int(workers))
-        self.scored: list[tuple[str, float | None]] = []
+        # with a tokenizer, completions are read from their token ids with special tokens kept:
+        # TRL's text drops them, and some tokenizers declare the <tool_call> tags special
+        self.tokenizer = tokenizer
+        self.scored: list[dict] = []
 
-    def _one(self, completion: Any, task_id: str) -> float | None:
+    def _one(self, completion: Any, task_id: str) -> dict:
         text, calls = assistant_turn(completion)
         ep = self.episodes.open(task_id, framework="trl")
         try:
@@ -53,17 +57,27 @@ class CudaReward:
             traj = ep.finish("single_turn")
         finally:
             ep.close()
-        return traj.reward.value if traj.reward is not None else None
+        r = traj.reward
+        return {"task_id": task_id, "reward": r.value if r is not None else None,
+                "tool_calls": traj.metadata.get("tool_calls", 0), "correct": bool(r is not None and r.correct),
+                "verified": any(c.outcome.verify is not None and c.outcome.verify.ok for c in traj.candidates)}
+
+    def _text(self, ids: list[int]) -> str:
+        tok = self.tokenizer
+        drop = {tok.eos_token_id, tok.pad_token_id} - {None}
+        return tok.decode([i for i in ids if i not in drop], skip_special_tokens=False)
 
     def __call__(self, prompts: list, completions: list, task_id: list[str] | None = None,
-                 **kwargs: Any) -> list[float | None]:
+                 completion_ids: list | None = None, **kwargs: Any) -> list[float | None]:
         if task_id is None:
             raise ValueError("CudaReward needs a task_id column in the training dataset "
                              "(cuda_agent_trl.task_dataset(..., task_in_prompt=True) makes one)")
+        if self.tokenizer is not None and completion_ids is not None:
+            completions = [self._text(list(ids)) for ids in completion_ids]
         with ThreadPoolExecutor(self.workers) as pool:
-            values = list(pool.map(self._one, completions, task_id))
-        self.scored += list(zip(task_id, values))
-        return values
+            records = list(pool.map(self._one, completions, task_id))
+        self.scored += records
+        return [r["reward"] for r in records]
 
     def close(self) -> None:
         self.episodes.close()
