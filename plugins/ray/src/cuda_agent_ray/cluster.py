@@ -1,0 +1,136 @@
+"""Connecting to the Ray cluster and finding the pool's slots on it.
+
+* :func:`connect` joins a cluster (``auto``, ``host:port``, ``ray://host:port``) or starts
+  one in this process (empty address), once per process; :func:`release` ends a connection
+  this module opened when its last user is done.
+* A *slot* is one GPU of a node (or, for the ``cpu`` backend, one unit of a custom
+  resource): :func:`node_slots` counts them per live node, :func:`slot_name` names the
+  slot actor of each, so every client of the cluster finds the same actor for the same
+  slot (named actors in the pool's namespace).
+* :func:`store_actor` finds or starts the baseline store on the head node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from cuda_agent.core.errors import ConfigError
+
+from .baseline_store import STORE_NAME, BaselineStore
+
+HEAD_RESOURCE = "node:__internal_head__"
+_lock = threading.Lock()
+_users = 0
+_opened_here = False
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"executor ray needs the ray package (pip install ray): {exc}") from None
+    return ray
+
+
+def connect(address: str, namespace: str, node_ip_address: str = "", local_resources: dict | None = None,
+            local_gpus: int | None = None) -> Any:
+    """``ray`` connected to the cluster (see the module docstring)."""
+    global _users, _opened_here
+    ray = import_ray()
+    with _lock:
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"namespace": namespace, "log_to_driver": False, "logging_level": logging.WARNING,
+                                  "ignore_reinit_error": True}
+            if node_ip_address:
+                kw["_node_ip_address"] = node_ip_address
+            if address:
+                target: str | None = address
+            else:  # a cluster of this machine only, started here and ended with this process
+                target = None
+                kw["include_dashboard"] = False
+                if local_resources:
+                    kw["resources"] = dict(local_resources)
+                if local_gpus is not None:
+                    kw["num_gpus"] = local_gpus
+            try:
+                ray.init(address=target, **kw)
+            except ConnectionError as exc:
+                raise ConfigError(
+                    f"executor ray: no Ray cluster at {address!r} ({str(exc).splitlines()[0][:200]}); start one with "
+                    "`ray start --head` or set executor.options.address") from None
+            _opened_here = True
+        _users += 1
+    return ray
+
+
+def release() -> None:
+    """One user of :func:`connect` is done; the last one ends a connection opened here."""
+    global _users, _opened_here
+    ray = import_ray()
+    with _lock:
+        _users = max(0, _users - 1)
+        if _users == 0 and _opened_here and ray.is_initialized():
+            ray.shutdown()
+            _opened_here = False
+
+
+def alive_nodes(ray: Any) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def node_alive(ray: Any, node_id: str) -> bool:
+    return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())
+
+
+def node_slots(node: dict, backend: str, resource: str) -> int:
+    """How many slots ``node`` offers: its GPUs (``cuda``; at most its units of ``resource``
+    when that is a custom resource), or its units of ``resource`` (``cpu``)."""
+    res = node.get("Resources") or {}
+    if backend == "cuda":
+        n = int(res.get("GPU", 0))
+        if resource != "GPU":
+            n = min(n, int(res.get(resource, 0)))
+        return n
+    return int(res.get(resource, 0))
+
+
+def slot_name(node_id: str, index: int) -> str:
+    return f"cuda-agent-slot-{node_id}-{index}"
+
+
+def store_actor(ray: Any, namespace: str, directory: str = "") -> Any:
+    """The cluster's baseline store (named, detached, on the head node), started if missing."""
+    cls = ray.remote(BaselineStore)
+    return cls.options(name=STORE_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
+                       num_cpus=0, max_concurrency=32, resources={HEAD_RESOURCE: 0.001}).remote(directory)
+
+
+def pool_actors(ray: Any, namespace: str, backend: str, resource: str) -> list[tuple[str, Any]]:
+    """``[(name, handle)]`` of the slot actors of the live nodes and the store of ``namespace``."""
+    out = []
+    names = [slot_name(n["NodeID"], i) for n in alive_nodes(ray) for i in range(node_slots(n, backend, resource))]
+    for name in [*names, STORE_NAME]:
+        try:
+            out.append((name, ray.get_actor(name, namespace=namespace)))
+        except ValueError:  # no such actor (never started, or ended)
+            continue
+    return out
+
+
+def shutdown_pool(ray: Any, namespace: str, backend: str, resource: str) -> int:
+    """End the slot actors (their workers first) and the baseline store of ``namespace``; how many."""
+    n = 0
+    for name, handle in pool_actors(ray, namespace, backend, resource):
+        if name != STORE_NAME:
+            try:
+                ray.get(handle.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - killed below all the same
+                pass
+        try:
+            ray.kill(handle, no_restart=True)
+            n += 1
+        except Exception:  # noqa: BLE001
+            pass
+    return n

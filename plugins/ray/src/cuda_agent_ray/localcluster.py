@@ -1,0 +1,180 @@
+"""A Ray cluster of several nodes on this machine, for tests and measurements.
+
+Each node is a ``ray start --block`` process of its own on a loopback address of its own
+(head 127.0.0.2, then 127.0.0.3, ...), with the resources it is given (a custom resource
+standing in for GPU slots, or the machine's GPUs), a small object store and its own ports.
+:meth:`LocalCluster.stop` ends exactly the processes these commands started (each node's
+process tree, by PID), never other Ray processes of the machine; :meth:`Node.kill_raylet`
+kills one node's raylet, which is how a node is lost.
+
+``fast_failure_detection`` makes the head declare a silent node dead after about 1.5 s
+(instead of Ray's default of about 15 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAST_FAILURE = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
+READY_LINE = "will now block forever"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_cli() -> list[str]:
+    exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    if exe:
+        return [exe]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
+@dataclass
+class Node:
+    ip: str
+    proc: subprocess.Popen
+    log: Path
+    resources: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def processes(self) -> list:
+        import psutil
+
+        try:
+            p = psutil.Process(self.proc.pid)
+            return [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def raylet_pid(self) -> int | None:
+        for p in self.processes():
+            try:
+                if p.name() == "raylet":
+                    return p.pid
+            except Exception:  # noqa: BLE001 - ended meanwhile
+                continue
+        return None
+
+    def kill_raylet(self) -> int:
+        pid = self.raylet_pid()
+        if pid is None:
+            raise RuntimeError(f"node {self.ip} has no raylet process")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self) -> None:
+        import psutil
+
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class LocalCluster:
+    """See the module docstring. ``head_resources``/``head_cpus``/``head_gpus`` shape the head."""
+
+    def __init__(self, head_resources: dict | None = None, head_cpus: int = 1, head_gpus: int | None = None,
+                 object_store_mb: int = 200, fast_failure_detection: bool = True, start_timeout: float = 90.0):
+        # short: Ray's socket paths live under it and must fit a Unix socket address
+        self.root = Path(tempfile.mkdtemp(prefix="rayc-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        self.port = free_port()
+        self.object_store = object_store_mb * 1_000_000
+        self.fast = fast_failure_detection
+        self.start_timeout = start_timeout
+        self.nodes: list[Node] = []
+        self._next_ip = 2
+        self._worker_base = random.randrange(20000, 50000, 1000)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        self.env["RAY_USAGE_STATS_ENABLED"] = "0"
+        self._head = dict(resources=head_resources or {}, cpus=head_cpus, gpus=head_gpus)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.2:{self.port}"
+
+    @property
+    def head_ip(self) -> str:
+        return "127.0.0.2"
+
+    def start(self) -> "LocalCluster":
+        try:
+            self._start_node(head=True, **self._head)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_node(self, resources: dict | None = None, cpus: int = 1, gpus: int | None = None) -> Node:
+        return self._start_node(head=False, resources=resources or {}, cpus=cpus, gpus=gpus)
+
+    def _start_node(self, head: bool, resources: dict, cpus: int, gpus: int | None) -> Node:
+        ip = f"127.0.0.{self._next_ip}"
+        k = self._next_ip - 2
+        self._next_ip += 1
+        lo = self._worker_base + 200 * k
+        argv = [*_ray_cli(), "start", "--block", "--node-ip-address", ip, "--num-cpus", str(cpus),
+                "--object-store-memory", str(self.object_store), "--resources", json.dumps(resources),
+                "--dashboard-agent-listen-port", str(free_port()), "--min-worker-port", str(lo),
+                "--max-worker-port", str(lo + 199), "--disable-usage-stats"]
+        if gpus is not None:
+            argv += ["--num-gpus", str(gpus)]
+        if head:
+            argv += ["--head", "--port", str(self.port), "--include-dashboard", "false", "--temp-dir", str(self.root),
+                     "--ray-client-server-port", str(free_port())]
+            if self.fast:
+                argv += ["--system-config", json.dumps(FAST_FAILURE)]
+        else:
+            argv += ["--address", self.address]
+        log = self.root / f"node-{ip}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env, start_new_session=True)
+        node = Node(ip=ip, proc=proc, log=log, resources=dict(resources))
+        self.nodes.append(node)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace")
+            if READY_LINE in text:
+                return node
+            if proc.poll() is not None:
+                tail = "\n".join(text.splitlines()[-15:])
+                raise RuntimeError(f"ray start for node {ip} exited with {proc.returncode}:\n{tail}")
+            time.sleep(0.2)
+        raise RuntimeError(f"ray start for node {ip} did not come up within {self.start_timeout:.0f} s")
+
+    def stop(self) -> None:
+        """End every process the nodes' commands started (worker nodes first), by PID."""
+        for node in reversed(self.nodes):
+            node.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
