@@ -18,7 +18,7 @@ fi
 echo "== pip install -r requirements-dev.txt"
 python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 python3 -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check --no-deps "deepspeed>=0.15"
-python3 -c "import verl, tensordict" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0"
+python3 -c "import verl, tensordict" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
 
 if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
   echo "== starting dockerd"
@@ -33,4 +33,4 @@ if docker info >/dev/null 2>&1; then
 fi
 
 echo "== pytest"
-python3 -m pytest -n 2 -q -rs "$@"
+python3 -m pytest -n 2 --dist loadgroup -q -rs "$@"  # loadgroup: tests marked xdist_group share one worker
