@@ -85,3 +85,4 @@ def test_report_only_rerenders(tmp_path, capsys):
     assert "| **mine** | 50.0% | 50.0% | 50.0% | 2.00x | 3.00x |" in md
     assert "| GPU | G |" in md
     assert (run / "report.html").exists()
+    assert "pass@k" not in md  # a run from before samples.jsonl: no sample sections

@@ -3,6 +3,7 @@ verification and profiling jobs in the CPU executor, real reports."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,6 +245,14 @@ def test_cli_resume_after_kill(setup):
     assert sorted(set(ids)) == sorted(EXPECTED)
     assert len(ids) == len(set(ids)), f"a finished task was scored again: {ids}"
     assert {x["task_id"]: x["failure"] for x in lines} == EXPECTED
+    # samples.jsonl: one row per solution, none twice, each in the batch its task row names
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert sorted(x["task_id"] for x in samples) == sorted(t for t in EXPECTED if t != "L1/5_Min")
+    batches = {x["task_id"]: x["metadata"].get("sample_batch") for x in lines}
+    assert all(x["batch"] == batches[x["task_id"]] for x in samples)
+    rules = {x["task_id"]: x["rule"] for x in samples}
+    assert (rules["L1/1_Add"], rules["L1/2_Sub"], rules["L1/4_Max"]) == (None, "wrong_result", "compile_error")
+    assert rules["L1/3_Mul"] not in (None, "forbidden_op"), samples  # the judge named the rule that refused torch.mul
     assert "faster than compile" in res.stdout and (run_dir / "report.html").exists()
     # the reported wall time covers both sessions: the interrupted one counts too
     info = json.loads((run_dir / "results.json").read_text())["info"]
@@ -289,3 +298,77 @@ def test_agent_episode_scored_by_its_best_candidate(setup):
     assert out["report"]["info"]["mode"] == "agent" and out["report"]["info"]["label"] == "openai"
     traj = [json.loads(x) for x in (Path(out["run_dir"]) / "trajectories.jsonl").read_text().splitlines()]
     assert len(traj) == 1 and traj[0]["task_id"] == "L1/1_Add"
+    # the attempt is the sample; its verified candidate is a row naming the trajectory
+    (sample,) = [json.loads(x) for x in (Path(out["run_dir"]) / "samples.jsonl").read_text().splitlines()]
+    assert (sample["sample"], sample["index"], sample["candidate"]) == ("a0", 0, 0) and sample["correct"]
+    assert sample["trajectory"] == traj[0]["id"] and sample["source"] == task["source"]
+    assert out["report"]["metrics"]["overall"]["pass_at_k"] == {"1": 1.0}
+
+
+# a task with three samples: one correct, one wrong result, one refused by a static rule
+REFERENCE_IMPORT = "from model import Model  # noqa: F401 (the reference: refused before anything runs)\n"
+
+
+@pytest.fixture()
+def three_samples(tmp_path):
+    kb = tmp_path / "kb" / "level1"
+    kb.mkdir(parents=True)
+    (kb / "1_Add.py").write_text(TASKS["1_Add"])
+    task_dir = tmp_path / "solutions" / "L1__1_Add"
+    workspace_solution(task_dir, "s1", "add", "a[i] + b[i]")  # correct
+    workspace_solution(task_dir, "s2", "add", "a[i] - b[i]")  # wrong result
+    workspace_solution(task_dir, "s3", "add", "a[i] + b[i]")  # correct kernel, refused statically
+    main = task_dir / "s3" / "model_new.py"
+    main.write_text(REFERENCE_IMPORT + main.read_text())
+    return tmp_path
+
+
+def test_every_sample_kept_with_its_rule_and_pass_at_k(three_samples, capsys):
+    from cuda_agent.core.cli import main
+    from cuda_agent.evaluation.samples import pass_at_k
+
+    ov = overrides(three_samples) + ["eval.progress=false", "eval.workers=1", "eval.profile.options.baselines=false"]
+    assert main(["eval", *ov]) == 0
+    out = capsys.readouterr().out
+    assert "3 samples of 1 tasks: pass@1 33.3%, pass@2 66.7%" in out, out[-3000:]
+    (run_dir,) = (three_samples / "runs").iterdir()
+    rows = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [r["sample"] for r in rows] == ["s1", "s2", "s3"] and [r["index"] for r in rows] == [0, 1, 2]
+    s1, s2, s3 = rows
+    assert s1["correct"] and s1["failure"] == "none" and s1["rule"] is None and s1["t_candidate_ms"] > 0
+    assert s2["failure"] == "wrong_result" and s2["rule"] == "wrong_result" and s2["message"], s2
+    assert s3["failure"] == "forbidden_op" and s3["rule"] == "static.reference-model", s3
+    assert "(rule static.reference-model:" in s3["message"] and "model_new.py:1" in s3["message"]
+    assert all(r["source"].endswith(r["sample"]) for r in rows)
+    assert all(set(r) >= {"weights", "rule_profile", "t_eager_ms", "t_compile_ms", "speedup_vs_compile"} for r in rows)
+    (task_row,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    # the task row keeps the best sample and names the batch of its samples
+    assert task_row["correct"] and task_row["source"] == s1["source"] and task_row["candidates"] == 3
+    assert task_row["metadata"]["sample_batch"] == s1["batch"] == s2["batch"] == s3["batch"]
+    assert task_row["metadata"]["candidate_failures"] == ["none", "wrong_result", "forbidden_op"]
+    # pass@k by hand: n = 3 samples, c = 1 correct; pass@2 = 1 - C(2,2)/C(3,2) = 1 - 1/3
+    assert pass_at_k(3, 1, 1) == pytest.approx(1 / 3) and pass_at_k(3, 1, 2) == pytest.approx(2 / 3)
+    report = json.loads((run_dir / "results.json").read_text())
+    for group in ("L1", "overall"):
+        m = report["metrics"][group]
+        assert m["pass_at_k"] == pytest.approx({"1": 1 / 3, "2": 2 / 3}) and m["n_samples"] == 3
+        assert m["pass_rate"] == 1.0  # the task passes: its best sample is correct
+    refusals = {e["rule"]: e for e in report["refusals"]}
+    assert sorted(refusals) == ["static.reference-model", "wrong_result"]
+    assert all(e["count"] == 1 and e["share"] == pytest.approx(1 / 3) and e["tasks"] == ["L1/1_Add"]
+               for e in refusals.values())
+    assert refusals["static.reference-model"]["category"] == "forbidden_op"
+    assert refusals["static.reference-model"]["example"] == s3["message"].splitlines()[0][:300]
+    md = (run_dir / "report.md").read_text()
+    assert "| level | tasks | samples | pass@1 | pass@2 |" in md and "| overall | 1 | 3 | 33.3% | 66.7% |" in md
+    assert "| static.reference-model | forbidden op | 1 | 33.3% | L1/1_Add |" in md
+    assert "| wrong_result | wrong result | 1 | 33.3% | L1/1_Add |" in md
+    html = (run_dir / "report.html").read_text()
+    assert html.count('class="refusal-bar"') == 2 and 'data-rule="static.reference-model"' in html
+    assert len(re.findall(r'<tr class="sample( best)?"', html)) == 3 and html.count('<tr class="sample best"') == 1
+    assert "<summary>3 sample row(s): 1 correct, 1 wrong result, 1 forbidden op</summary>" in html
+    # re-rendering from the run folder reads the same samples
+    before = report["metrics"]["overall"]["pass_at_k"], report["refusals"]
+    assert main(["eval", "--resume", str(run_dir), "--report-only"]) == 0
+    again = json.loads((run_dir / "results.json").read_text())
+    assert (again["metrics"]["overall"]["pass_at_k"], again["refusals"]) == before

@@ -110,6 +110,18 @@ def _chromium(args, tmp):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
+def _probe(page: str, script: str, tmp: Path) -> dict:
+    """Open ``page`` with ``script`` added in headless Chromium; what the script wrote into
+    ``<pre id="probe">`` (JSON)."""
+    probe_page = tmp / "probe.html"
+    probe_page.write_text(page.replace("</body>", script + "</body>"))
+    res = _chromium(["--dump-dom", probe_page.as_uri()], tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    start = dom.index('<pre id="probe">') + len('<pre id="probe">')
+    return json.loads(dom[start : dom.index("</pre>", start)].replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+
+
 # runs in the rendered page: measures what is drawn and writes it into the DOM
 PROBE = """
 <script>
@@ -138,13 +150,7 @@ def test_html_renders_in_headless_chromium(tmp_path):
     page = paths["html"].read_text()
     assert "<script" not in page  # static page: opens offline, nothing to load
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    probe_page = tmp_path / "probe.html"
-    probe_page.write_text(page.replace("</body>", PROBE + "</body>"))
-    res = _chromium(["--dump-dom", probe_page.as_uri()], tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    dom = res.stdout
-    start = dom.index('<pre id="probe">') + len('<pre id="probe">')
-    probe = json.loads(dom[start : dom.index("</pre>", start)].replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+    probe = _probe(page, PROBE, tmp_path)
     assert probe["title"] == "Test <eval> & report"
     assert probe["bars"] == 8 and probe["drawn"] == 8  # every task drawn, none of zero size
     assert probe["ours"][0] == "this run" and probe["ours"][1] == "50.0%"
@@ -191,3 +197,54 @@ def test_reports_count_tasks_per_timing_mode():
     env = collect_environment(rs)
     md = render_markdown(build_report(rs, info={"title": "t"}, environment=env))
     assert "| tasks per timing mode | cuda_events+graph 3 (unsteady 2, parallel streams 1), cuda_events 2 |" in md
+
+
+# measures, in the rendered page, the refusal bars and each task's samples before and after unfolding
+SAMPLES_PROBE = """
+<script>
+(function(){
+  // content of a closed <details> keeps a layout box in current Chromium: ask whether it is shown
+  const visible = els => els.filter(e => e.checkVisibility ? e.checkVisibility()
+      : e.getBoundingClientRect().height > 0).length;
+  const height = () => Array.from(document.querySelectorAll('tr.samples-row')).reduce((a, tr) => a + tr.getBoundingClientRect().height, 0);
+  const samples = () => Array.from(document.querySelectorAll('tr.samples-row table.samples tbody tr'));
+  const bars = Array.from(document.querySelectorAll('svg.refusals rect.refusal-bar'));
+  const out = {folded: visible(samples()), bars: bars.map(r => r.getAttribute('data-rule') + ':' + r.getAttribute('data-count')),
+               widths: bars.map(r => r.getBBox().width), rows: samples().length, folded_height: height()};
+  document.querySelectorAll('tr.samples-row details').forEach(d => { d.open = true; });
+  out.unfolded = visible(samples());
+  out.unfolded_height = height();
+  out.messages = samples().map(tr => tr.querySelector('td.msg').textContent);
+  const pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>
+"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); CI installs it")
+def test_html_refusal_bars_and_samples_unfold(tmp_path):
+    from cuda_agent.evaluation.samples import SampleResult
+
+    rs = sample_results()
+    for r in rs[:3]:
+        r.metadata["sample_batch"] = "b"
+    rs[0].source = "sols/1/s0"
+    samples = [SampleResult("level1/1_Matmul", 1, "s0", 0, source="sols/1/s0", correct=True, failure="none", batch="b"),
+               SampleResult("level1/1_Matmul", 1, "s1", 1, source="sols/1/s1", failure="forbidden_op",
+                            rule="static.fallback", message="m.py:4: try (rule static.fallback: no fallback)", batch="b"),
+               SampleResult("level1/2_Relu", 1, "s0", 0, source="sols/2/s0", correct=True, failure="none", batch="b"),
+               SampleResult("level1/3_Conv", 1, "s0", 0, source="sols/3/s0", failure="compile_error",
+                            rule="compile_error", message="kernels/k.cu:4: error: expected ';'", batch="b"),
+               SampleResult("level1/3_Conv", 1, "s1", 1, source="sols/3/s1", failure="forbidden_op",
+                            rule="static.fallback", message="m.py:9: try (rule static.fallback: no fallback)", batch="b")]
+    report = build_report(rs, info={"title": "samples"}, environment=ENV, samples=samples)
+    paths = write_reports(report, tmp_path)
+    page = paths["html"].read_text()
+    assert "<script" not in page
+    probe = _probe(page, SAMPLES_PROBE, tmp_path)
+    assert probe["bars"] == ["static.fallback:2", "compile_error:1"]
+    assert probe["widths"][0] > probe["widths"][1] > 0  # drawn to scale: twice as long
+    assert probe["rows"] == 5 and probe["folded"] == 0 and probe["unfolded"] == 5  # folded until opened
+    assert probe["unfolded_height"] > 2 * probe["folded_height"] > 0
+    assert "m.py:9: try (rule static.fallback: no fallback)" in probe["messages"]

@@ -14,8 +14,9 @@ from cuda_agent.core.plugins import get_plugin_manager
 from cuda_agent.core.types import Task
 
 from .metrics import TaskResult, is_infra_error, scored
-from .report import _md_table, MAIN_HEADER, _main_rows, build_report, collect_environment, write_reports
+from .report import _md_table, MAIN_HEADER, _main_rows, build_report, collect_environment, sample_summary, write_reports
 from .runner import RESULTS_FILE, ResultStore, run_tasks
+from .samples import SampleResult
 from .scoring import AgentScorer, ScoringOptions, SolutionScorer, select_tasks
 from .solutions import load_solutions, match_solutions
 
@@ -206,11 +207,12 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             # episodes wait mostly on the model, solutions mostly on the GPU
             per_device = 2 if solutions is not None else 8
             workers = int(e.get("workers") or 0) or per_device * _device_count(executor)
+            store = ResultStore(run.path(RESULTS_FILE))
             try:
                 results = run_tasks(
                     tasks,
                     scorer.score,
-                    ResultStore(run.path(RESULTS_FILE)),
+                    store,
                     workers=workers,
                     progress=bool(e.get("progress", True)),
                     desc=f"eval {run.id}",
@@ -244,19 +246,24 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             workers=workers,
             devices=_device_count(executor),
         )
-        return _finish(run, results, info, collect_environment(results, extra), cfg)
+        return _finish(run, results, info, collect_environment(results, extra), cfg, store.samples_of(results))
 
 
-def _finish(run: Any, results: list[TaskResult], info: dict, environment: dict, cfg: DictConfig) -> dict:
+def _finish(run: Any, results: list[TaskResult], info: dict, environment: dict, cfg: DictConfig,
+            samples: list[SampleResult]) -> dict:
     e = cfg.eval
-    report = build_report(results, info=info, environment=environment, margin=float(e.get("margin", 0.05)))
+    report = build_report(results, info=info, environment=environment, margin=float(e.get("margin", 0.05)),
+                          samples=samples)
     formats = list(_plain(e.get("formats")) or ["json", "md", "html"])
     paths = write_reports(report, run.dir, formats)
     o = report["metrics"]["overall"]
     flat = {k: v for k, v in o.items() if isinstance(v, (int, float)) and v is not None}
+    flat.update({f"pass_at_{k}": v for k, v in (o.get("pass_at_k") or {}).items() if v is not None})
     run.pm.hook.on_step_end(run=run, step=0, metrics={f"eval/{k}": v for k, v in flat.items()})
     run.log.info("eval.done", **{k: flat.get(k) for k in ("n", "n_correct", "pass_rate", "faster_compile", "geomean_vs_compile")})
     summary = _md_table(MAIN_HEADER, _main_rows(report, info.get("label") or "this run"))
+    if o.get("n_samples", 0) > o.get("tasks_with_samples", 0):  # several samples of a task: say how they did
+        summary += "\n\n" + sample_summary(report)
     infra = [r for r in results if is_infra_error(r)]
     if infra:
         run.log.warning("eval.not_scored", infra_errors=len(infra), last=infra[-1].message)
@@ -278,7 +285,9 @@ def rerender(run_dir: Path) -> dict:
         data = json.loads(prev.read_text())
         info, env = data.get("info", {}), data.get("environment")
     info.pop("generated", None)
-    report = build_report(results, info=info, environment=env or collect_environment(results))
+    # a run from before samples.jsonl has none: its reports stay without pass@k
+    samples = store.samples_of(results) if store.samples.path.exists() else None
+    report = build_report(results, info=info, environment=env or collect_environment(results), samples=samples)
     return write_reports(report, run_dir)
 
 

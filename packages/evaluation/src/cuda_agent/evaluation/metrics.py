@@ -8,7 +8,8 @@ A task is scored by its best correct candidate (highest speedup against
   solution is faster, both strictly (``t < t0``) and with the paper's margin
   (``(t0 - t) / t0 > 0.05``);
 * geometric-mean speedup against eager and against compile over the correct solutions;
-* the distribution of speedups and counts of failure categories.
+* the distribution of speedups and counts of failure categories;
+* with the tasks' sample rows (:mod:`.samples`): pass@k over samples.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any, Iterable, Sequence
 
 from cuda_agent.core.types import INFRA_ERROR, CandidateOutcome, FailureCategory
 from cuda_agent.rewards.speedup import faster, geomean
+
+from .jsonl import known_fields
+from .samples import BATCH_KEY, SampleResult, group_pass_at_k, ks_for, rule_of, sample_counts
 
 DEFAULT_MARGIN = 0.05
 # the model's failures; an infrastructure error is no result of the task and is not among them
@@ -47,14 +51,17 @@ class TaskResult:
     source: str = ""  # solution path or trajectory id of the scored candidate
     seconds: float = 0.0  # wall time spent on the task
     metadata: dict[str, Any] = field(default_factory=dict)
+    # every candidate's verdict (written to samples.jsonl, not to the task row)
+    samples: list[SampleResult] = field(default_factory=list, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, samples=[]))
+        d.pop("samples")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskResult":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return known_fields(cls, {k: v for k, v in d.items() if k != "samples"})
 
 
 def infra_error_result(task_id: str, message: str, *, level: int | None = None, name: str = "",
@@ -112,7 +119,12 @@ def result_from_outcome(
     r = TaskResult(task_id=task_id, level=level, name=name, source=source, candidates=1)
     r.correct = outcome.correct
     r.failure = failure.value
-    r.message = _message(outcome)[:500]
+    message = _message(outcome)
+    r.message = message[:500]
+    if not r.correct:  # named from the whole message: the rule may come after the first 500 characters
+        r.metadata["rule"] = rule_of(r.failure, message, {
+            "verify": outcome.verify.metadata if outcome.verify is not None else None,
+            "profile": p.metadata if p is not None else None})
     if p is not None:
         r.t_candidate_ms = _timing_ms(p.candidate)
         r.t_eager_ms = _timing_ms(p.eager)
@@ -258,8 +270,24 @@ def level_key(level: int | None) -> str:
     return f"L{level}" if level is not None else "other"
 
 
-def compute_metrics(results: Iterable[TaskResult], margin: float = DEFAULT_MARGIN) -> dict:
-    """Metrics per level (``L1``, ``L2``, ...; ``other`` for tasks without one) and ``overall``."""
+def task_sample_counts(results: Iterable[TaskResult], samples: Iterable[SampleResult]) -> dict[str, tuple[int, int] | None]:
+    """task id -> (samples, correct samples); None for a task whose samples were not recorded
+    (a run from before samples.jsonl). A task scored without any candidate has (0, 0)."""
+    counts = sample_counts(samples)
+    out: dict[str, tuple[int, int] | None] = {}
+    for r in results:
+        if r.metadata.get(BATCH_KEY):
+            out[r.task_id] = counts.get(r.task_id)
+        else:
+            out[r.task_id] = (0, 0) if r.candidates == 0 else None
+    return out
+
+
+def compute_metrics(results: Iterable[TaskResult], margin: float = DEFAULT_MARGIN,
+                    samples: Iterable[SampleResult] | None = None) -> dict:
+    """Metrics per level (``L1``, ``L2``, ...; ``other`` for tasks without one) and ``overall``;
+    with ``samples``, each group also has pass@k for k = 1 and each power of two up to the
+    most samples of a task (``pass_at_k``, and ``pass_at_k_tasks``: the tasks behind each)."""
     results = list(results)
     groups: dict[str, list[TaskResult]] = {}
     for r in results:
@@ -270,4 +298,9 @@ def compute_metrics(results: Iterable[TaskResult], margin: float = DEFAULT_MARGI
 
     out = {k: group_metrics(groups[k], margin) for k in sorted(groups, key=order)}
     out["overall"] = group_metrics(results, margin)
+    if samples is not None:
+        counts = task_sample_counts(results, samples)
+        ks = ks_for(max([x[0] for x in counts.values() if x is not None] + [1]))
+        for key, rs in [*groups.items(), ("overall", results)]:
+            out[key].update(group_pass_at_k([counts[r.task_id] for r in rs], ks))
     return out

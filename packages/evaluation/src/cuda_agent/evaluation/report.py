@@ -2,7 +2,8 @@
 and a self-contained HTML page with inline SVG plots (opens offline, no scripts).
 
 Every report states what it was measured with: precision policy, profiler, GPU and
-software versions (:func:`collect_environment`).
+software versions (:func:`collect_environment`). With the run's samples (``samples.jsonl``)
+it adds pass@k over samples, refusals counted by rule and, in the HTML, each task's samples.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from importlib import metadata as _md
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .metrics import FAILURE_ORDER, TaskResult, compute_metrics, is_infra_error, scored
+from .metrics import FAILURE_ORDER, TaskResult, compute_metrics, is_infra_error, level_key, scored
+from .samples import SampleResult, refusals_by_rule
 
 # The paper's Table 1 (KernelBench L1-L3, 250 problems): pass / faster than compile /
 # geomean vs compile (and, for CUDA Agent, faster than eager / geomean vs eager overall).
@@ -88,6 +90,10 @@ def pct(x: float | None) -> str:
 
 def times(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}x"
+
+
+def _result_label(correct: bool, failure: str) -> str:
+    return "correct" if correct else FAILURE_LABELS.get(failure, failure)
 
 
 def ms(x: float | None) -> str:
@@ -193,23 +199,33 @@ def build_report(
     info: dict | None = None,
     environment: dict | None = None,
     margin: float = 0.05,
+    samples: Sequence[SampleResult] | None = None,
 ) -> dict:
     """The whole report as one JSON-ready mapping.
 
     Infrastructure errors are no task results: they are left out of the metrics and the
     task list, and counted in ``info.infra_errors`` (their tasks in ``not_scored``).
+    With ``samples`` (every candidate's verdict), the metrics of each group add pass@k,
+    ``refusals`` counts failed samples by rule and ``samples`` lists them all; without,
+    both are None.
     """
     not_scored = sorted((r for r in results if is_infra_error(r)), key=_task_order)
     results = sorted(scored(results), key=_task_order)
     info = dict(info or {})
     info["infra_errors"] = len(not_scored)
+    if samples is not None:
+        order = {r.task_id: i for i, r in enumerate(results)}
+        samples = sorted((s for s in samples if s.task_id in order),
+                         key=lambda s: (order[s.task_id], s.index, s.candidate))
     return {
         "info": {"generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **info},
         "not_scored": [{"task_id": r.task_id, "message": r.message} for r in not_scored],
         "environment": environment if environment is not None else collect_environment(results),
-        "metrics": compute_metrics(results, margin),
+        "metrics": compute_metrics(results, margin, samples),
+        "refusals": None if samples is None else refusals_by_rule(samples, level_key),
         "paper": {"overall": PAPER_ROWS, "levels": PAPER_LEVELS},
         "tasks": [r.to_dict() for r in results],
+        "samples": None if samples is None else [s.to_dict() for s in samples],
     }
 
 
@@ -348,6 +364,43 @@ def _fail_rows(report: dict) -> list[list[str]]:
     return rows
 
 
+def _pass_at_k_header(report: dict) -> list[str]:
+    ks = list((report["metrics"]["overall"].get("pass_at_k") or {}).keys())
+    return ["level", "tasks", "samples"] + [f"pass@{k}" for k in ks]
+
+
+def _pass_at_k_rows(report: dict) -> list[list[str]]:
+    m = report["metrics"]
+    rows = []
+    for k in _levels(m) + ["overall"]:
+        g = m[k]
+        cells = []
+        for key, v in (g.get("pass_at_k") or {}).items():
+            counted = g["pass_at_k_tasks"][key]
+            cells.append(pct(v) if counted == g["tasks_with_samples"] else f"{pct(v)} ({counted} tasks)")
+        rows.append([k, str(g["tasks_with_samples"]), str(g["n_samples"])] + cells)
+    return rows
+
+
+PASS_AT_K_NOTE = (
+    "pass@k: the chance that at least one of k samples of a task, drawn from its n samples (c correct), is "
+    "correct: 1 - C(n-c, k) / C(n, k), averaged over tasks. A sample is a solution file, or an agent attempt "
+    "(it passes when one of its candidates is correct). A task without any sample counts 0; one with fewer than "
+    "k samples is left out of pass@k (the count of tasks behind a value is given when it differs)."
+)
+REFUSAL_HEADER = ["rule", "category", "samples", "share of samples", "tasks", "example"]
+
+
+def _tasks_cell(tasks: Sequence[str], most: int = 5) -> str:
+    extra = len(tasks) - most
+    return ", ".join(tasks[:most]) + (f", ... (+{extra})" if extra > 0 else "")
+
+
+def _refusal_rows(report: dict) -> list[list[str]]:
+    return [[e["rule"], FAILURE_LABELS.get(e["category"], e["category"]), str(e["count"]), pct(e["share"]),
+             _tasks_cell(e["tasks"]), e["example"][:160]] for e in report.get("refusals") or []]
+
+
 def _env_rows(env: dict) -> list[list[str]]:
     rows = []
     done = set()
@@ -371,7 +424,7 @@ TASK_HEADER = ["task", "level", "result", "t (ms)", "eager (ms)", "compile (ms)"
 def _task_rows(report: dict) -> list[list[str]]:
     rows = []
     for t in report["tasks"]:
-        result = "correct" if t["correct"] else FAILURE_LABELS.get(t["failure"], t["failure"])
+        result = _result_label(t["correct"], t["failure"])
         note = (t.get("message") or "").splitlines()[0][:120] if t.get("message") else ""
         rows.append(
             [
@@ -453,6 +506,7 @@ def render_markdown(report: dict) -> str:
         "",
         _md_table(FAIL_HEADER, _fail_rows(report)),
         "",
+        *_sample_sections_md(report),
         "## Measured with",
         "",
         _md_table(["", ""], _env_rows(report["environment"])),
@@ -463,6 +517,34 @@ def render_markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(parts)
+
+
+def _sample_sections_md(report: dict) -> list[str]:
+    """pass@k and refusals by rule, when the report has its samples."""
+    if report.get("samples") is None:
+        return []
+    n = report["metrics"]["overall"].get("n_samples", 0)
+    out = ["## pass@k over samples", "", _md_table(_pass_at_k_header(report), _pass_at_k_rows(report)), "",
+           PASS_AT_K_NOTE, "", "## Refusals by rule", ""]
+    if report["refusals"]:
+        out += [_md_table(REFUSAL_HEADER, _refusal_rows(report)), "",
+                f"Failed samples by the rule that refused them (of {n} samples; a failure that names no rule is "
+                "counted under its category). Every sample's verdict and message is in samples.jsonl.", ""]
+    else:
+        out += [f"No sample was refused (of {n} samples).", ""]
+    return out
+
+
+def sample_summary(report: dict, most: int = 5) -> str:
+    """One line of pass@k and one of the rules that refused most samples (for the console)."""
+    o = report["metrics"]["overall"]
+    ks = ", ".join(f"pass@{k} {pct(v)}" for k, v in (o.get("pass_at_k") or {}).items())
+    lines = [f"{o.get('n_samples', 0)} samples of {o.get('tasks_with_samples', 0)} tasks: {ks}"]
+    refusals = report.get("refusals") or []
+    if refusals:
+        top = ", ".join(f"{e['rule']} {e['count']}" for e in refusals[:most])
+        lines.append(f"refused by rule: {top}" + (f", ... ({len(refusals) - most} more)" if len(refusals) > most else ""))
+    return "\n".join(lines)
 
 
 # --- HTML + SVG ---------------------------------------------------------------------
@@ -493,6 +575,11 @@ figure{margin:0}figcaption{font-size:.9em;color:#444;text-align:center}
 svg text{font-size:11px;fill:#333}
 details{margin:.6em 0}
 td.fail{color:#c62828}td.ok{color:#2e7d32}
+tr.samples-row>td{text-align:left;background:#fafafa;padding:0 .6em}
+tr.samples-row details{margin:.2em 0}summary{cursor:pointer;color:#444}
+table.samples{font-size:.9em;margin:.3em 0 .5em 1em}table.samples tr.best td{background:#e8f5e9}
+table.refusals td,table.samples td{text-align:left}
+td.msg{text-align:left;white-space:pre-wrap;font-family:monospace;font-size:.9em;max-width:60em}
 """
 
 
@@ -644,12 +731,96 @@ def svg_failures(metrics: dict) -> str:
             )
             x += bw
         out.append(f'<text class="fail-total" data-category="{c}" x="{x + 4:.1f}" y="{y + 15}">{total[c]}</text>')
-    ly = h - 12
-    for j, lv in enumerate(levels):
-        out.append(f'<rect x="{left + j * 70}" y="{ly - 9}" width="10" height="10" fill="{palette[j % len(palette)]}"/>')
-        out.append(f'<text x="{left + j * 70 + 14}" y="{ly}">{_e(lv)}</text>')
+    out += _svg_legend([(lv, palette[j % len(palette)]) for j, lv in enumerate(levels)], left, h - 12, 70)
     out.append("</svg>")
     return "".join(out)
+
+
+def _svg_legend(items: Sequence[tuple[str, str]], x: float, y: float, step: float) -> list[str]:
+    """A row of colour swatches with their labels, ``step`` apart from ``x`` on baseline ``y``."""
+    out = []
+    for j, (label, color) in enumerate(items):
+        out.append(f'<rect x="{x + j * step}" y="{y - 9}" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{x + j * step + 14}" y="{y}">{_e(label)}</text>')
+    return out
+
+
+def svg_refusals(refusals: Sequence[dict], most: int = 30) -> str:
+    """Horizontal bars: failed samples per rule (colour = failure category), most frequent first."""
+    rows = list(refusals)[:most]
+    peak = max([e["count"] for e in rows] + [1])
+    left, w, row = 190, 640, 24
+    cats = [c for c in FAILURE_ORDER if any(e["category"] == c for e in rows)]
+    h = row * max(len(rows), 1) + 44
+    span = w - left - 90
+    out = [
+        f'<svg class="refusals" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+        f'role="img" aria-label="refusals by rule">'
+    ]
+    for i, e in enumerate(rows):
+        y = 8 + i * row
+        name = e["rule"] if len(e["rule"]) <= 30 else e["rule"][:29] + "…"
+        bw = max(span * e["count"] / peak, 1.0)
+        color = FAIL_COLORS.get(e["category"], FAIL)
+        out.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(name)}</text>')
+        out.append(
+            f'<rect class="refusal-bar" data-rule="{_e(e["rule"])}" data-category="{_e(e["category"])}" '
+            f'data-count="{e["count"]}" x="{left}" y="{y}" width="{bw:.1f}" height="{row - 7}" fill="{color}">'
+            f'<title>{_e(e["rule"])}: {e["count"]} sample(s), {_e(pct(e["share"]))}</title></rect>'
+        )
+        out.append(f'<text x="{left + bw + 4:.1f}" y="{y + 14}">{e["count"]} ({_e(pct(e["share"]))})</text>')
+    if not rows:
+        out.append(f'<text x="{left}" y="22">no sample was refused</text>')
+    out += _svg_legend([(FAILURE_LABELS.get(c, c), FAIL_COLORS.get(c, FAIL)) for c in cats], left, h - 12, 105)
+    out.append("</svg>")
+    return "".join(out)
+
+
+SAMPLE_HEADER = ["sample", "source", "result", "rule", "t (ms)", "vs eager", "vs compile", "weights", "message"]
+
+
+def _samples_html(task: dict, samples: Sequence[dict], columns: int) -> str:
+    """A full-width row under a task's row: its samples, folded (details/summary)."""
+    counts: dict[str, int] = {}
+    for x in samples:
+        label = _result_label(x["correct"], x["failure"])
+        counts[label] = counts.get(label, 0) + 1
+    summary = f"{len(samples)} sample row(s): " + ", ".join(f"{v} {k}" for k, v in counts.items())
+    rows = []
+    for x in samples:
+        best = x["source"] == task.get("source")
+        name = x["sample"] + (f" #{x['candidate']}" if x["trajectory"] else "")
+        cells = [name + (" (scored)" if best else ""), x["source"], _result_label(x["correct"], x["failure"]),
+                 x["rule"] or "—", ms(x["t_candidate_ms"]), times(x["speedup_vs_eager"]),
+                 times(x["speedup_vs_compile"]), x.get("weights") or "—"]
+        cls = "ok" if x["correct"] else "fail"
+        rows.append(
+            f'<tr class="sample{" best" if best else ""}" data-sample="{_e(x["sample"])}" data-rule="{_e(x["rule"] or "")}">'
+            + "".join(f'<td class="{cls}">{_e(c)}</td>' if i == 2 else f"<td>{_e(c)}</td>" for i, c in enumerate(cells))
+            + f'<td class="msg">{_e(x["message"])}</td></tr>'
+        )
+    return (
+        f'<tr class="samples-row" data-task="{_e(task["task_id"])}"><td colspan="{columns}"><details>'
+        f"<summary>{_e(summary)}</summary><table class=\"samples\"><thead><tr>"
+        + "".join(f"<th>{_e(h)}</th>" for h in SAMPLE_HEADER)
+        + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></details></td></tr>"
+    )
+
+
+def _sample_sections_html(report: dict) -> list[str]:
+    if report.get("samples") is None:
+        return []
+    n = report["metrics"]["overall"].get("n_samples", 0)
+    body = ['<h2 id="pass-at-k">pass@k over samples</h2>',
+            _html_table(_pass_at_k_header(report), _pass_at_k_rows(report), "pass-at-k"),
+            f'<p class="note">{_e(PASS_AT_K_NOTE)}</p>', '<h2 id="refusals">Refusals by rule</h2>']
+    body.append(f"<figure>{svg_refusals(report['refusals'])}<figcaption>failed samples by the rule that refused "
+                f"them (of {n} samples; colour = failure category)</figcaption></figure>")
+    if report["refusals"]:
+        body.append(_html_table(REFUSAL_HEADER, _refusal_rows(report), "refusals"))
+    body.append('<p class="note">A failure that names no rule is counted under its category. Each task\'s samples, '
+                "with their messages, unfold under its row in the task table; all of them are in samples.jsonl.</p>")
+    return body
 
 
 def render_html(report: dict) -> str:
@@ -694,19 +865,25 @@ def render_html(report: dict) -> str:
     body.append('<h2 id="failures">Failures</h2>')
     body.append(f"<figure>{svg_failures(m)}<figcaption>failed tasks by category and level</figcaption></figure>")
     body.append(_html_table(FAIL_HEADER, _fail_rows(report), "failures"))
+    body += _sample_sections_html(report)
 
     body.append('<h2 id="environment">Measured with</h2>')
     body.append(_html_table(["", ""], _env_rows(report["environment"]), "environment"))
 
     body.append('<h2 id="task-table">Tasks</h2><details open><summary>all tasks</summary>')
     rows = []
+    by_task: dict[str, list[dict]] = {}
+    for x in report.get("samples") or []:
+        by_task.setdefault(x["task_id"], []).append(x)
     for row, t in zip(_task_rows(report), report["tasks"]):
         cls = "ok" if t["correct"] else "fail"
         rows.append(
-            f'<tr data-task="{_e(t["task_id"])}">'
+            f'<tr class="task" data-task="{_e(t["task_id"])}">'
             + "".join(f'<td class="{cls}">{_e(c)}</td>' if i == 2 else f"<td>{_e(c)}</td>" for i, c in enumerate(row))
             + "</tr>"
         )
+        if by_task.get(t["task_id"]):
+            rows.append(_samples_html(t, by_task[t["task_id"]], len(TASK_HEADER)))
     body.append(
         '<table class="tasks"><thead><tr>'
         + "".join(f"<th>{_e(h)}</th>" for h in TASK_HEADER)

@@ -2,17 +2,17 @@
 
 Each finished task is appended as one JSON line to ``results.jsonl`` in the run folder
 (flushed and synced), so an interrupted run restarted on the same folder skips the
-tasks already scored. Tasks run on a thread pool: each thread prepares a task's
+tasks already scored; its samples go to ``samples.jsonl`` beside it just before, as a batch
+the task row names (:mod:`.samples`). Tasks run on a thread pool: each thread prepares a task's
 candidates and waits on jobs it submitted to the executor, which keeps one job per GPU.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 import traceback
+import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -20,52 +20,45 @@ from typing import Any, Callable, Iterable, Sequence
 from cuda_agent.core.errors import InfrastructureError
 from cuda_agent.core.types import FailureCategory, Task
 
+from .jsonl import append_lines, dumps, read_records
 from .metrics import TaskResult, is_infra_error
+from .samples import BATCH_KEY, SAMPLES_FILE, SampleResult, SampleStore
 
 RESULTS_FILE = "results.jsonl"
 
 
 class ResultStore:
-    """Append-only JSON lines of :class:`TaskResult`; the last line for a task wins."""
+    """Append-only JSON lines of :class:`TaskResult`; the last line for a task wins. The
+    tasks' samples are kept beside it (:attr:`samples`, ``samples.jsonl``)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self.samples = SampleStore(self.path.with_name(SAMPLES_FILE))
+
+    def samples_of(self, results: Iterable[TaskResult]) -> list[SampleResult]:
+        """The recorded samples of these task rows (those of the batch each row names)."""
+        return self.samples.current({r.task_id: r for r in results})
+
+    def compact_samples(self) -> None:
+        """Keep in samples.jsonl only the batches the current task rows name: a task redone
+        on resume replaces its samples, and a batch whose task row a kill prevented goes."""
+        self.samples.compact(self.load())
 
     def load(self) -> dict[str, TaskResult]:
-        out: dict[str, TaskResult] = {}
-        if not self.path.exists():
-            return out
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    r = TaskResult.from_dict(json.loads(line))
-                except (json.JSONDecodeError, TypeError):
-                    continue  # a line cut short by a kill
-                out[r.task_id] = r
-        return out
+        return {r.task_id: r for r in read_records(self.path, TaskResult.from_dict)}
 
     def finished(self) -> dict[str, TaskResult]:
         """Results that count as done (a harness or infrastructure error is retried on resume)."""
         return {k: r for k, r in self.load().items() if not r.metadata.get("harness_error") and not is_infra_error(r)}
 
     def append(self, result: TaskResult) -> None:
-        line = json.dumps(result.to_dict(), default=str)
+        if result.samples:  # the samples first: a task row always finds its batch
+            batch = uuid.uuid4().hex[:16]
+            self.samples.append_batch(batch, result.samples)
+            result.metadata[BATCH_KEY] = batch
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                # a kill can cut the previous write short: start on a fresh line
-                if f.tell() > 0:
-                    with open(self.path, "rb") as r:
-                        r.seek(-1, os.SEEK_END)
-                        if r.read(1) != b"\n":
-                            f.write("\n")
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_lines(self.path, [dumps(result.to_dict())])
 
 
 def harness_error_result(task: Task, exc: BaseException, seconds: float) -> TaskResult:
@@ -97,6 +90,9 @@ def run_tasks(
 ) -> list[TaskResult]:
     """Score every task not already in ``store``; returns the results of all ``tasks``.
 
+    ``samples.jsonl`` is first reduced to the batches the task rows name, so the samples of
+    a task redone now replace its earlier ones.
+
     ``score(task)`` returns the task's :class:`TaskResult`; an exception it raises is
     recorded as a harness error (retried when the run is resumed). On
     KeyboardInterrupt, tasks not started are dropped, results that arrive after it
@@ -104,6 +100,7 @@ def run_tasks(
     of the results of this call are infrastructure errors (recorded, and redone on
     resume), the run stops the same way with an :class:`InfrastructureError`.
     """
+    store.compact_samples()
     done = store.finished()
     todo = [t for t in tasks if t.id not in done]
     ids = {t.id for t in tasks}

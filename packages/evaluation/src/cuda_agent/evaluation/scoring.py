@@ -28,6 +28,7 @@ from cuda_agent.core.types import (
 )
 
 from .metrics import TaskResult, best_result, infra_error_result, result_from_outcome
+from .samples import SampleResult, sample_from_result
 from .solutions import KERNELBENCH, Solution, install_solution
 
 VERIFY_JOB = "cuda_agent.sandbox.executors.tasks:verify"
@@ -249,7 +250,8 @@ class CandidateEvaluator:
 
 
 class SolutionScorer:
-    """Scores existing solutions: for each task, every sample, keeping the best correct one."""
+    """Scores existing solutions: for each task, every sample, keeping the best correct one
+    (and every sample's verdict in :attr:`TaskResult.samples`)."""
 
     def __init__(self, executor: Any, solutions: dict[str, list[Solution]], options: ScoringOptions, pm: Any = None):
         self.solutions = solutions
@@ -286,7 +288,11 @@ class SolutionScorer:
                 failure=FailureCategory.MISSING.value,
                 message="no solution for this task",
             )
-        return best_result([self.score_solution(task, s, i) for i, s in enumerate(sols)])
+        scored = [self.score_solution(task, s, i) for i, s in enumerate(sols)]
+        best = best_result(scored)
+        best.samples = [sample_from_result(r, sample=s.sample or f"s{i}", index=i)
+                        for i, (s, r) in enumerate(zip(sols, scored))]
+        return best
 
 
 def _compiler_name(spec: Any) -> str | None:
@@ -301,7 +307,8 @@ def _compiler_name(spec: Any) -> str | None:
 
 
 class AgentScorer:
-    """Runs ``attempts`` agent episodes per task and scores the best correct candidate.
+    """Runs ``attempts`` agent episodes per task and scores the best correct candidate; each
+    attempt is a sample (a row per verified candidate, one "missing" row when it verified none).
 
     An episode the infrastructure ended (``finish_reason`` "infra_error") makes the task an
     infrastructure error (:func:`~.metrics.infra_error_result`): no score, redone on resume.
@@ -334,6 +341,7 @@ class AgentScorer:
         from cuda_agent.core.agent import run_episode_sync
 
         results: list[TaskResult] = []
+        samples: list[SampleResult] = []
         t0 = time.perf_counter()
         finish = []
         for attempt in range(self.attempts):
@@ -355,9 +363,15 @@ class AgentScorer:
                                        level=task.level, name=task.name, seconds=time.perf_counter() - t0)
                 r.metadata.update(finish_reasons=finish, attempts=self.attempts, trajectory=traj.id)
                 return r
-            for cand in traj.candidates:
+            for j, cand in enumerate(traj.candidates):
                 r = result_from_outcome(task.id, cand.outcome, level=task.level, name=task.name, source=f"{traj.id}#turn{cand.turn}")
                 results.append(r)
+                samples.append(sample_from_result(r, sample=f"a{attempt}", index=attempt, candidate=j, trajectory=traj.id))
+            if not traj.candidates:  # the attempt is a sample too: it produced nothing
+                samples.append(SampleResult(task.id, task.level, sample=f"a{attempt}", index=attempt, trajectory=traj.id,
+                                            source=traj.id, failure=FailureCategory.MISSING.value,
+                                            rule=FailureCategory.MISSING.value,
+                                            message=f"no candidate verified ({traj.finish_reason})"))
         if not results:
             r = TaskResult(
                 task_id=task.id,
@@ -372,4 +386,5 @@ class AgentScorer:
         r.metadata["finish_reasons"] = finish
         r.metadata["attempts"] = self.attempts
         r.seconds = time.perf_counter() - t0
+        r.samples = samples
         return r
