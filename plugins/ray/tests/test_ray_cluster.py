@@ -149,35 +149,20 @@ TASK = textwrap.dedent(
     """
 )
 
-MODEL_NEW = textwrap.dedent(
-    """
-    import torch
-    import torch.nn as nn
 
-    from cuda_agent_runtime import load_kernels
+def _eval_cpu_cases():
+    """The candidates of the evaluation package's CPU end-to-end test (one text for both tests)."""
+    import importlib.util
 
-    kernels = load_kernels()
+    path = Path(__file__).resolve().parents[3] / "packages" / "evaluation" / "tests" / "test_eval_cpu.py"
+    spec = importlib.util.spec_from_file_location("_eval_cpu_cases", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
 
 
-    class ModelNew(nn.Module):
-        def __init__(self):
-            super().__init__()
-
-        def forward(self, a, b):
-            a = a.contiguous()
-            b = b.contiguous()
-            out = torch.empty_like(a)
-            kernels.{fn}(a, b, out, a.numel())
-            return out
-    """
-)
-
-KERNEL = """
-#include <cstdint>
-extern "C" void {fn}(const float* a, const float* b, float* out, int64_t n) {{
-  for (int64_t i = 0; i < n; ++i) out[i] = {expr};
-}}
-"""
+CASES = _eval_cpu_cases()
+MODEL_NEW, KERNEL = CASES.MODEL_NEW, CASES.KERNEL
 
 
 def test_builds_on_the_cluster_and_baselines_measured_once(pools, tmp_path):
@@ -208,7 +193,7 @@ def test_builds_on_the_cluster_and_baselines_measured_once(pools, tmp_path):
                           kind="profile", timeout=300)) for _ in range(2)]
     t0 = time.monotonic()
     wait(futs, timeout=300)
-    print(f"two profile jobs: {time.monotonic() - t0:.1f} s", [f.record.slot_record for f in futs])
+    print(f"two profile jobs: {time.monotonic() - t0:.1f} s")
     results = [f.result() for f in futs]
     assert all(p.ok for p in results), [p.message for p in results]
     assert sorted(f.record.device for f in futs) == ["127.0.0.2/cpu0", "127.0.0.3/cpu0"]
@@ -228,23 +213,7 @@ def _task(body: str) -> str:
     return TASK.replace("return a + b", f"return {body}")
 
 
-FORBIDDEN = textwrap.dedent(
-    """
-    import torch
-    import torch.nn as nn
-
-
-    class ModelNew(nn.Module):
-        def __init__(self):
-            super().__init__()
-
-        def forward(self, a, b):
-            return torch.mul(a, b)
-    """
-)
-
-EXPECTED = {"L1/1_Add": "none", "L1/2_Sub": "wrong_result", "L1/3_Mul": "forbidden_op",
-            "L1/4_Max": "compile_error", "L1/5_Min": "missing"}
+EXPECTED = CASES.EXPECTED
 
 
 def _solutions(tmp: Path) -> None:
@@ -254,13 +223,11 @@ def _solutions(tmp: Path) -> None:
                        "5_Min": "torch.minimum(a, b)"}.items():
         (kb / f"{name}.py").write_text(_task(body))
     sols = tmp / "solutions"
-    for name, fn, expr in (("L1__1_Add", "add", "a[i] + b[i]"), ("L1__2_Sub", "sub", "a[i] + b[i]"),
-                           ("L1__4_Max", "vmax", "undefined_symbol + a[i]")):
-        (sols / name / "kernels").mkdir(parents=True)
-        (sols / name / "model_new.py").write_text(MODEL_NEW.format(fn=fn))
-        (sols / name / "kernels" / f"{fn}.cpp").write_text(KERNEL.format(fn=fn, expr=expr))
+    CASES.workspace_solution(sols, "L1__1_Add", "add", "a[i] + b[i]")  # correct
+    CASES.workspace_solution(sols, "L1__2_Sub", "sub", "a[i] + b[i]")  # wrong result
+    CASES.workspace_solution(sols, "L1__4_Max", "vmax", "a[i] > b[i] ? a[i] : b[i]", broken=True)  # no build
     (sols / "level1").mkdir()
-    (sols / "level1" / "3_Mul.py").write_text(FORBIDDEN)
+    (sols / "level1" / "3_Mul.py").write_text(CASES.FORBIDDEN)  # single-file form, a torch op
 
 
 def test_eval_solutions_through_ray_equals_cpu(cluster, tmp_path, monkeypatch):

@@ -22,13 +22,11 @@ an executor that runs its compile jobs as CPU tasks of the cluster (:mod:`.build
 
 from __future__ import annotations
 
-import atexit
 import heapq
 import os
 import threading
 import time
 import uuid
-import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,18 +45,6 @@ NODE_LOSS = ("retry", "fail")
 BUILDS = ("local", "ray")
 DEFAULT_CPU_RESOURCE = "cuda_agent_slot"
 CLIENT_MARGIN_S = 60.0  # past a job's own timeout, how long a silent slot is waited for
-
-_live: "weakref.WeakSet[RayExecutor]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for ex in list(_live):
-        try:
-            ex.close()
-        except Exception:
-            pass
-
 
 class NodeLostError(JobError):
     """A job whose node (or slot actor) was lost: reason ``node_lost``. It says nothing about
@@ -193,7 +179,6 @@ class RayExecutor(Executor):
         self.counts: dict[str, int] = {}
         self.busy_answers = 0  # times a slot answered busy (another client's job, or its turn)
         self.warnings: list[str] = []
-        _live.add(self)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -457,8 +442,8 @@ class RayExecutor(Executor):
                     done, _ = ray.wait(refs, num_returns=1, timeout=0.02)
                     if done:
                         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                except Exception:  # noqa: BLE001 - the connection is closing
-                    if self._closed:
+                except Exception:  # noqa: BLE001 - the connection is closing (this client, or the process)
+                    if self._closed or not ray.is_initialized():
                         return
                     raise
                 for ref in done:
