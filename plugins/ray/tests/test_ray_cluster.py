@@ -173,18 +173,19 @@ def test_builds_on_the_cluster_and_baselines_measured_once(pools, tmp_path):
     ws = create_workspace(Task(id="add", source="test", code=TASK), tmp_path / "ws", backend="cpu")
     (ws.root / "kernels" / "add.cpp").write_text(KERNEL.format(fn="add", expr="a[i] + b[i]"))
     (ws.root / "model_new.py").write_text(MODEL_NEW.format(fn="add"))
-    builds = ex.build_executor()
+    from cuda_agent.sandbox.service import WorkspaceService
+
+    svc = WorkspaceService(ws, executor=ex)  # its compile step goes to ex.build_executor()
     t0 = time.monotonic()
-    c = builds.run(Job("cuda_agent.sandbox.service:compile_job", {"compiler": {"name": "gxx"}, "workspace": str(ws.root)},
-                       kind="compile", pass_device=False, timeout=300))
+    c = svc.compile()
     assert c.ok, c.errors
     print(f"build on the cluster: {time.monotonic() - t0:.1f} s (pool start included: {ex.devices})")
     assert Path(c.artifact).parent == ws.root / ".cuda_agent" / "build" and Path(c.artifact).is_file()
+    builds = ex.build_executor()
     assert builds.built_on and builds.built_on[0].startswith("127.0.0.")  # a cluster node built it
-    again = builds.run(Job("cuda_agent.sandbox.service:compile_job", {"compiler": {"name": "gxx"},
-                                                                      "workspace": str(ws.root)},
-                           kind="compile", pass_device=False, timeout=300))
-    assert again.ok and again.cached  # the build folder travelled: unchanged sources are up to date
+    again = svc.compile()
+    assert again.ok and again.cached and len(builds.built_on) == 2  # the build travelled: up to date there
+    svc.close()
 
     # one attempt per timing: a busy host would otherwise retake every timing up to three times
     opts = {"compile_baseline": False, "num_input_sets": 1, "attempts": 1,
