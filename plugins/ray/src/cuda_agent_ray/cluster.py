@@ -46,6 +46,7 @@ def connect(address: str, namespace: str, node_ip_address: str = "", local_resou
             if node_ip_address:
                 kw["_node_ip_address"] = node_ip_address
             if address:
+                check_reachable(address)
                 target: str | None = address
             else:  # a cluster of this machine only, started here and ended with this process
                 target = None
@@ -63,6 +64,25 @@ def connect(address: str, namespace: str, node_ip_address: str = "", local_resou
             _opened_here = True
         _users += 1
     return ray
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A one-line ConfigError unless ``host:port`` (or ``ray://host:port``) accepts a connection
+    (Ray itself would keep retrying for minutes); ``auto`` is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"executor ray: address {address!r} is not auto, host:port or ray://host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"executor ray: no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
+            "`ray start --head` or set executor.options.address") from None
 
 
 def release() -> None:
