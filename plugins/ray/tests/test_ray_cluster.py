@@ -2,7 +2,8 @@
 with one unit of a custom resource standing in for a GPU slot, CPU workers doing the work.
 
 Checked: jobs spread over both nodes and never overlap on a slot, across two clients
-(from the start and end each worker recorded); failing jobs end with the same reasons and
+(from the start and end each worker recorded); verification goes before profiling before
+baselines; failing jobs end with the same reasons and
 one-line messages as with the ``cpu`` executor; builds run as cluster tasks and baselines
 are measured once for the cluster; killing the second node's raylet in the middle of a job
 fails that job (``node_loss: fail``) or runs it again on the head (``retry``) while
@@ -99,6 +100,18 @@ def test_jobs_spread_over_both_nodes_one_at_a_time_per_slot(pools, cluster):
     assert a.stats()["busy_answers"] + b.stats()["busy_answers"] > 0  # they did ask for one slot at once
     stats = a.stats()
     assert stats["nodes"] == ["127.0.0.2", "127.0.0.3"] and stats["results"]["ok"] == 4
+
+
+def test_queue_order_verification_before_profiling_before_baselines(pools):
+    ex = pools("order")
+    assert len(ex.devices) == 2
+    blockers = [ex.submit(Job(S + "sleep", {"seconds": s})) for s in (1.0, 2.0)]  # both slots busy
+    time.sleep(0.3)
+    queued = {kind: ex.submit(Job(S + "echo", {"value": kind}, kind=kind)) for kind in ("baseline", "profile", "verify")}
+    wait([*blockers, *queued.values()], timeout=120)
+    accepted = {kind: f.record.slot_record["accepted_wall"] for kind, f in queued.items()}  # when a slot took it
+    assert accepted["verify"] < accepted["profile"] < accepted["baseline"], accepted
+    assert all(f.result()["value"] == kind for kind, f in queued.items())
 
 
 def test_failing_jobs_end_as_with_the_cpu_executor(pools):
