@@ -128,8 +128,9 @@ class _Entry:
     job: Job
     future: Future
     record: RayJobRecord
-    payload: Any  # ObjectRef of the workspace blob, or None
+    blob: bytes | None  # the workspace, packed at submit time
     workspace: str
+    payload: Any = None  # the blob in Ray's object store, put there when the job first goes to a slot
     running: bool = False
     avoid: set = field(default_factory=set)  # node ids lost while they held this job
     slot: _Slot | None = None
@@ -342,17 +343,16 @@ class RayExecutor(Executor):
         fut.job = job  # type: ignore[attr-defined]
         fut.record = record  # type: ignore[attr-defined]
         workspace = job.kwargs.get("workspace")
-        payload = None
+        blob = None
         if isinstance(workspace, (str, os.PathLike)) and os.path.isdir(workspace):
-            try:
+            try:  # read now: the job judges the files as they are when it is submitted
                 blob = pack(workspace, int(self.options.max_transfer_mb) << 20)
             except (TransferError, OSError) as exc:
                 record.status, record.reason = "error", "invalid"
                 fut.set_exception(JobError("invalid", f"the job's workspace cannot travel: {exc}", job_id=job.id))
                 return fut
-            payload = self._ray.put(blob)
-        entry = _Entry(key=job.sort_key(), job=job, future=fut, record=record, payload=payload,
-                       workspace=str(workspace) if payload is not None else "")
+        entry = _Entry(key=job.sort_key(), job=job, future=fut, record=record, blob=blob,
+                       workspace=str(workspace) if blob is not None else "")
         with self._cond:
             if self._closed:
                 raise JobError("closed", f"{self.name}: the executor is closed", job_id=job.id)
@@ -490,6 +490,8 @@ class RayExecutor(Executor):
                     continue
                 entry.running = True
             job = entry.job
+            if entry.blob is not None and entry.payload is None:  # queued jobs keep the object store free
+                entry.payload = self._ray.put(entry.blob)
             desc = {"fn": job.fn, "kwargs": job.kwargs, "kind": job.kind, "timeout": job.timeout,
                     "pass_device": job.pass_device, "label": job.label, "id": job.id, "workspace": entry.workspace}
             ref = slot.handle.try_run.remote(self.client_id, desc, [entry.payload])
@@ -603,6 +605,7 @@ class RayExecutor(Executor):
                     pass
 
     def _finish(self, entry: _Entry, result: Any = None, error: JobError | None = None) -> None:
+        entry.blob = entry.payload = None
         r = entry.record
         sr = r.slot_record or {}
         # started/finished on this client's clock: when the slot accepted and ended the job
