@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
-from cuda_agent.sandbox.privdrop import FALLBACK_COUNT, FALLBACK_UID, closed_folder, rebase, workspace_user  # noqa: E402
+from cuda_agent.sandbox.judge.identity import JOB_UID_BASE, JOB_UID_COUNT  # noqa: E402
+from cuda_agent.sandbox.privdrop import closed_folder, rebase, workspace_user  # noqa: E402
 from cuda_agent.sandbox.sandboxes.common import apply_layout  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -61,11 +62,11 @@ def setup(request, tmp_path_factory):
 
 
 def check_user(setup, meta: dict) -> None:
+    # every job runs its candidate as a user id of its own (not the sandbox's agent user, whose
+    # shell processes a job must not be able to signal), from the job range
     assert meta["privileges"].startswith("dropped to uid"), meta.get("privileges")
-    if setup["uid"] is not None:
-        assert meta["uid"] == setup["uid"]
-    else:  # the fixed job user of the worker's device
-        assert FALLBACK_UID <= meta["uid"] < FALLBACK_UID + FALLBACK_COUNT and meta["gid"] == meta["uid"]
+    assert JOB_UID_BASE <= meta["uid"] < JOB_UID_BASE + JOB_UID_COUNT and meta["gid"] == meta["uid"]
+    assert meta["uid"] != AGENT_UID
 
 
 def popts(setup) -> dict:

@@ -182,16 +182,29 @@ def test_fresh_seeds_when_none_given(relu_ws):
 
 
 def test_single_file_candidate(relu_ws, tmp_path):
-    manifest = json.loads((Path(relu_ws.root) / ".cuda_agent" / "build" / "manifest.json").read_text())
-    lib = next(v for k, v in manifest.items() if isinstance(v, str) and v.endswith(".so"))
-    lib = lib if Path(lib).is_absolute() else str(Path(relu_ws.root) / ".cuda_agent" / "build" / lib)
+    # a single file builds its own kernel (as load_inline does) in the job's private temp folder;
+    # it sees no file of the host's /tmp, only its own copy
     shutil.copy(Path(relu_ws.root) / "model.py", tmp_path / "ref.py")
-    (tmp_path / "solution.py").write_text(textwrap.dedent(f'''
+    (tmp_path / "solution.py").write_text(textwrap.dedent('''
         import ctypes
+        import os
+        import subprocess
+        import tempfile
         import torch
         import torch.nn as nn
 
-        _lib = ctypes.CDLL({lib!r})
+        _SRC = r"""
+        #include <cstdint>
+        extern "C" void relu(const float* x, float* y, int64_t n) {
+            for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+        }
+        """
+        _dir = tempfile.mkdtemp()
+        with open(os.path.join(_dir, "k.cpp"), "w") as f:
+            f.write(_SRC)
+        subprocess.run(["g++", "-O2", "-shared", "-fPIC", os.path.join(_dir, "k.cpp"), "-o", os.path.join(_dir, "k.so")],
+                       check=True)
+        _lib = ctypes.CDLL(os.path.join(_dir, "k.so"))
         _lib.relu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 
         class ModelNew(nn.Module):

@@ -5,15 +5,17 @@
 * :func:`profile_workspace` -- eager and ``torch.compile`` baselines from the
   :class:`~.baselines.BaselineCache` (measured once per task, GPU, torch version, precision
   policy and profiler), then the candidate timed with the chosen profiler plugin; a closing
-  spot check compares the candidate's output on changed inputs with the reference, so a
-  candidate that caches results fails.
+  spot check compares the outputs of timed calls with the reference, so a candidate that
+  caches results fails.
 * :func:`verify_file` / :func:`profile_file` -- the same for a KernelBench single-file
   solution (a module defining ``ModelNew`` that builds its own CUDA with ``load_inline``):
   the candidate module is a parameter.
 
-In an executor worker running as root, the trusted part of a job (reading ``model.py``,
-the baselines and their cache) runs first; then the process gives up root for good before
-the candidate is imported (see :mod:`.privdrop`; ``drop_privileges`` in the options).
+The process that calls these is the trusted side of the job: it reads ``model.py``, measures
+and caches the baselines, draws the inputs, runs the reference and compares. The candidate
+runs only in a candidate process of its own, as the job's own user (:mod:`.judge`;
+``drop_privileges`` in the options), which a job that both verifies and profiles shares
+(:func:`open_session`).
 
 Devices: ``"cuda"``/``"cuda:N"``, or ``"cpu"`` (wall-clock profiler, ``torch.compile`` on the
 CPU for the compile baseline; TF32 flags are irrelevant there). On the CPU the baselines and
@@ -30,7 +32,6 @@ from typing import Any
 
 from cuda_agent.core.types import FailureCategory, ProfileResult, VerifyResult
 
-from . import integrity
 from .baselines import (
     BaselineOptions,
     auto_input_sets,
@@ -40,21 +41,17 @@ from .baselines import (
     timing_threads,
 )
 from .guard import GuardOptions
-from .inputs import describe, draw_inputs, nbytes, perturb_
+from .inputs import describe, draw_inputs, nbytes
 from .precision import TF32, policy_from, precision_context
-from .privdrop import current_view, drop_privileges, rebase
 from .verify import (
     LoadFailure,
     VerifyOptions,
     _device_info,
     _short_exc,
-    build_candidate,
     build_models,
     compare_outputs,
     fresh_seed,
-    load_candidate,
     load_reference,
-    synchronize,
     verify_candidate,
     workspace_imports,
 )
@@ -64,6 +61,7 @@ __all__ = [
     "ProfileOptions",
     "VerifyOptions",
     "measure_baselines",
+    "open_session",
     "prepare_baselines",
     "profile_file",
     "profile_workspace",
@@ -107,15 +105,30 @@ class ProfileOptions:
     drop_privileges: bool = True
 
 
-def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None) -> VerifyResult:
+def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
+                     session: Any = None) -> VerifyResult:
     """Verify ``<workspace>/model_new.py`` against ``<workspace>/model.py`` on ``device``."""
-    return verify_candidate(workspace, device, _verify_opts(options))
+    return verify_candidate(workspace, device, _verify_opts(options), session=session)
 
 
-def verify_file(candidate: str, reference: str, device: str, options: VerifyOptions | None = None) -> VerifyResult:
+def verify_file(candidate: str, reference: str, device: str, options: VerifyOptions | None = None,
+                session: Any = None) -> VerifyResult:
     """Verify a single-file solution (``candidate`` defines ModelNew) against ``reference``."""
     cand = Path(candidate).resolve()
-    return verify_candidate(cand.parent, device, _verify_opts(options), candidate=cand, reference=Path(reference).resolve())
+    return verify_candidate(cand.parent, device, _verify_opts(options), candidate=cand, reference=Path(reference).resolve(),
+                            session=session)
+
+
+def open_session(workspace: str, device: str, candidate: str = "model_new.py", reference: str = "model.py",
+                 drop_privileges: bool = True) -> Any:
+    """A :class:`~.judge.session.JudgeSession` for one job that both verifies and profiles
+    (one candidate process, one load of the candidate); close it when done."""
+    from .judge.session import JudgeSession
+
+    ws = Path(workspace)
+    cand, ref = Path(candidate), Path(reference)
+    return JudgeSession(ws, cand if cand.is_absolute() else ws / cand, ref if ref.is_absolute() else ws / ref,
+                        device, drop=drop_privileges)
 
 
 def _verify_opts(options: Any) -> VerifyOptions:
@@ -174,65 +187,91 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
 
 
 def profile_workspace(workspace: str, device: str, options: ProfileOptions | None = None,
-                      baselines: dict | None = None) -> ProfileResult:
+                      baselines: dict | None = None, session: Any = None) -> ProfileResult:
     """Time ``<workspace>/model_new.py`` with baselines from the cache (or ``baselines``,
     from :func:`prepare_baselines`)."""
-    return profile_candidate(workspace, device, _profile_opts(options), baselines=baselines)
+    return profile_candidate(workspace, device, _profile_opts(options), baselines=baselines, session=session)
 
 
-def profile_file(candidate: str, reference: str, device: str, options: ProfileOptions | None = None) -> ProfileResult:
+def profile_file(candidate: str, reference: str, device: str, options: ProfileOptions | None = None,
+                 baselines: dict | None = None, session: Any = None) -> ProfileResult:
     """Time a single-file solution (``candidate`` defines ModelNew) against ``reference``."""
     cand = Path(candidate).resolve()
-    return profile_candidate(cand.parent, device, _profile_opts(options), candidate=cand, reference=Path(reference).resolve())
+    return profile_candidate(cand.parent, device, _profile_opts(options), candidate=cand,
+                             reference=Path(reference).resolve(), baselines=baselines, session=session)
 
 
 def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, candidate: str | Path | None = None,
-                      reference: str | Path | None = None, baselines: dict | None = None) -> ProfileResult:
-    import torch
+                      reference: str | Path | None = None, baselines: dict | None = None,
+                      session: Any = None) -> ProfileResult:
+    """Time the candidate against its baselines. The baselines and every check run here;
+    the candidate runs and is timed in its own process (:mod:`.judge`), and what it reports is
+    checked by :class:`~.judge.timing.CandidateTimer`. ``session``: a
+    :class:`~.judge.session.JudgeSession` to use (and leave open)."""
+    from .judge.session import JudgeSession
 
-    from .profilers import get_profiler
-    from .profilers.base import ProfilerError, profiler_for, time_stably
-
-    t0 = time.perf_counter()
     ws = Path(workspace)
     cand_path = Path(candidate or o.candidate)
     cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
     ref_path = Path(reference or o.reference)
     ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    own = session is None
+    if own:
+        session = JudgeSession(ws, cand_path, ref_path, device, drop=o.drop_privileges)
+    res = None
+    try:
+        res = _profile(session, ws, cand_path, ref_path, device, o, baselines)
+        return res
+    finally:
+        if own:
+            session.close_into(res)
+
+
+def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: str, o: ProfileOptions,
+             baselines: dict | None) -> ProfileResult:
+    import torch
+
+    from .judge.client import CandidateProcessError
+    from .judge.session import refusal_from_error
+    from .judge.timing import CandidateTimer
+    from .profilers import get_profiler
+    from .profilers.base import profiler_for
+
+    t0 = time.perf_counter()
     host_paths = (ws, cand_path, ref_path)  # for tools started as other processes (ncu)
-    if current_view(ws) != ws:  # an earlier step of this job gave up root rights
-        view = current_view(ws)
-        cand_path, ref_path, ws = rebase(cand_path, ws, view), rebase(ref_path, ws, view), view
     policy = policy_from(o.precision)
     prof_name = o.profiler or default_profiler(device)
     timing_name = "cuda_events" if prof_name == "nsight_compute" else prof_name
     seed = o.seed if o.seed is not None else fresh_seed()
     meta: dict[str, Any] = {"precision_policy": policy.key, "profiler": prof_name, "seed": seed}
     meta.update(_device_info(device))
+    eager = comp = None
 
     def fail(category: FailureCategory, message: str, **kw) -> ProfileResult:
-        return ProfileResult(ok=False, failure=category, message=message, seconds=time.perf_counter() - t0, metadata=meta, **kw)
+        meta.update({k: v for k, v in session.meta.items() if k not in meta})
+        return ProfileResult(ok=False, failure=category, message=message, seconds=time.perf_counter() - t0,
+                             metadata=meta, eager=eager, compile=comp, **kw)
 
+    def refused(r: Any, **kw) -> ProfileResult:
+        meta.update(r.extra)
+        return fail(r.category, r.message, **kw)
+
+    bad_file = session.refused_files()
+    if bad_file:
+        return fail(FailureCategory.FORBIDDEN_OP, bad_file)
     try:
         profiler = get_profiler(timing_name, o.profiler_options if timing_name == prof_name else {})
     except Exception as exc:
         return fail(FailureCategory.CRASH, f"profiler {prof_name!r} unavailable: {exc}")
-    model_code = ref_path.read_text() if ref_path.is_file() else ""
-    eager = comp = None
-    # trusted part, with the job's own rights: the reference, the baselines (cache writes)
-    with workspace_imports(ws), torch.no_grad():
+    model_code = session.reference.read_text() if session.reference.is_file() else ""
+    with workspace_imports(session.snap.root), torch.no_grad():
         try:
-            ref_mod = load_reference(ref_path)
+            ref_mod = load_reference(session.reference)
             loaded = build_models(ref_mod, None, device, o.baseline_seed, True, cand_path.name)
         except LoadFailure as exc:
             return fail(exc.category, exc.message)
         meta["init_inputs"] = describe(loaded.init_inputs)
-        # the candidate gets the reference's weights and buffers as they were before any
-        # baseline ran (timing may move running statistics)
-        params = {n for n, _ in loaded.ref_model.named_parameters()}
-        buffers = {k: v.detach().clone() for k, v in loaded.ref_model.state_dict().items() if k not in params}
-
-        # baselines (cached)
+        # baselines (cached), before any candidate code is loaded
         if baselines is not None and baselines.get("error"):
             return fail(FailureCategory.CRASH, f"baseline measurement failed: {baselines['error']}")
         if baselines is not None:
@@ -244,94 +283,60 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                 meta.update(bmeta)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"baseline measurement failed: {_short_exc(exc)}")
-    # from here on candidate code runs: give up root first
-    view, priv = drop_privileges(ws, o.drop_privileges)
-    meta.update(priv)
-    cand_path = rebase(cand_path, ws, view)
-    harness = integrity.snapshot()  # timers, torch and the harness: candidate code may not replace them
-
-    def tampered_fail() -> ProfileResult | None:
-        changed = integrity.tampered(harness)
-        return fail(FailureCategory.FORBIDDEN_OP, integrity.message(changed, cand_path.name),
-                    eager=eager, compile=comp) if changed else None
-
-    with workspace_imports(view), torch.no_grad():
-        try:
-            cand_mod, _ns = load_candidate(cand_path)
-            state = dict(loaded.ref_model.state_dict())
-            state.update(buffers)
-            build_candidate(loaded, cand_mod, device, o.baseline_seed, True, cand_path.name, state=state)
-        except LoadFailure as exc:
-            return tampered_fail() or fail(exc.category, exc.message, eager=eager, compile=comp)
-        del state, buffers
-        bad = tampered_fail()
-        if bad is not None:
-            return bad
-
-        # candidate
+        timer = CandidateTimer(session, loaded.ref_model, ref_mod.get_inputs, device, o.atol, o.rtol)
         with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
             meta["precision_flags"] = flags
             if threads is not None:
                 meta["cpu_threads"] = threads
             try:
                 first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
-                k = auto_input_sets(nbytes(first), device, o.num_input_sets)
-                sets = [first] + [draw_inputs(ref_mod.get_inputs, seed + 7 * (i + 2), device).values for i in range(k - 1)]
+                k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
+                del first
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
-            meta["inputs"] = describe(first)
+            timer.set_seeds = [seed + 7 * (i + 1) for i in range(k)]
+            meta["inputs"] = describe(timer.pristine(0))
             meta["input_sets"] = k
-            cand_model = loaded.cand_model
-
-            def run(*args):
-                return cand_model(*args)
-
-            prepare = (lambda step, args: perturb_(args, step // k)) if o.perturb_inputs else None
             # the mode the task's eager baseline was timed in (a steadier one when the
             # configured mode timed the reference unsteadily; see profilers.base.time_for_task)
             cand_prof = profiler_for(profiler, eager)
-            if cand_prof is not profiler:
+            graph = cand_prof is not profiler
+            if graph:
                 meta["timing_mode"] = cand_prof.method_name()
                 if eager is not None and eager.mode_reason:
                     meta["timing_mode_reason"] = eager.mode_reason
             try:
-                try:
-                    cand_timing = time_stably(cand_prof, run, sets, device, prepare, o.max_spread, o.attempts)
-                except ProfilerError as exc:
-                    if cand_prof is profiler:
-                        raise
+                timer.measure_overhead(cand_prof)
+                failed = session.load(o.baseline_seed, True, o.precision)
+                if failed is not None:
+                    return refused(failed)
+                options = dict(o.profiler_options) if timing_name == prof_name else {}
+                cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts, threads)
+                if failed is not None and failed.extra.get("profiler_error") and graph:
                     # cannot be captured: timed in the configured mode, unlike its baselines
-                    meta["timing_mode"] = f"{profiler.method_name()} (baselines: {cand_prof.method_name()}; {exc})"[:300]
-                    cand_timing = time_stably(profiler, run, sets, device, prepare, o.max_spread, o.attempts)
-            except Exception as exc:
-                return fail(_category(exc), f"ModelNew failed while being timed: {_short_exc(exc, files=(cand_path.name,))}",
-                            eager=eager, compile=comp)
-            if o.spot_check:  # every input set: a candidate may treat the timed sets differently
-                cmp = None
-                for i, args in enumerate(sets):
-                    try:
-                        if prepare is not None:
-                            perturb_(args, 10**6 + 1)  # a state no timed call saw
-                        ref_out = loaded.ref_model(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-                        # in graph mode what was timed is the captured graph: check its replay
-                        replayed = cand_prof.replay_output(i) if hasattr(cand_prof, "replay_output") else None
-                        out = replayed if replayed is not None else cand_model(*args)
-                        synchronize(device)
-                        cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output")
-                        del ref_out, out, replayed
-                    except Exception as exc:
-                        return fail(_category(exc), f"spot check after timing failed: {_short_exc(exc)}", eager=eager,
-                                    compile=comp, candidate=cand_timing)
-                    if not cmp.ok:
-                        meta["spot_check"] = "failed"
-                        return fail(FailureCategory.WRONG_RESULT,
-                                    f"wrong result on inputs changed between timed calls (results cached?), input set {i}: "
-                                    f"{cmp.message}", eager=eager, compile=comp, candidate=cand_timing)
-                meta["spot_check"] = "passed"
-    bad = tampered_fail()  # timed with replaced timers: the numbers mean nothing
-    if bad is not None:
-        return bad
+                    meta["timing_mode"] = f"{profiler.method_name()} (baselines: {cand_prof.method_name()}; {failed.message})"[:300]
+                    cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread, o.attempts, threads)
+                meta.update(timer.meta)
+                if failed is not None:
+                    if failed.category is FailureCategory.CRASH and not failed.message.startswith("ModelNew"):
+                        failed.message = f"ModelNew failed while being timed: {failed.message}"
+                    return refused(failed)
+                if o.spot_check:  # the outputs of timed calls, every input set
+                    def compare(ref: Any, out: Any) -> Any:
+                        return compare_outputs(ref, out, o.atol, o.rtol, "output")
+
+                    bad = timer.spot_check(compare) if getattr(timer, "_last_seed", None) is not None else None
+                    meta.update(timer.meta)
+                    if bad is not None:
+                        return refused(bad, candidate=cand_timing)
+                tampered = session.integrity()  # timed with replaced timers: defence in depth
+                if tampered is not None:
+                    return refused(tampered)
+            except CandidateProcessError as exc:
+                r = refusal_from_error(exc, "ModelNew failed while being timed")
+                return fail(r.category, r.message)
     res = ProfileResult(ok=True, candidate=cand_timing, eager=eager, compile=comp, seconds=0.0, metadata=meta)
+    meta.update({k: v for k, v in session.meta.items() if k not in meta})
     if "tf32_baselines" in meta and cand_timing.median_ms > 0:
         tb = meta["tf32_baselines"]
         tb["speedup_vs_eager"] = tb["eager_ms"] / cand_timing.median_ms

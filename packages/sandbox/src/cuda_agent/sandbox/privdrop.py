@@ -168,6 +168,8 @@ def _private_mounts(ws: Path) -> str:
         # /dev/shm too: other jobs' and the host's shared-memory segments stay out of reach
         scratch = [(d, _SCRATCH_MB) for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and not os.path.islink(d)]
         _launch.setup_fs({"expose": _expose_paths(ws), "scratch": scratch, "hide": []})
+        if os.getpid() == 1:  # the first process of a PID namespace of its own: a /proc that shows only it
+            _launch.mount("proc", "/proc", "proc", _launch.MS_NOSUID | _launch.MS_NODEV | 8)
     except Exception as exc:  # noqa: BLE001 - a half-made view is still no more than the host's
         return f"mount namespace setup failed: {exc}"
     return ""
@@ -193,8 +195,10 @@ def _unshare(flag: int, what: str) -> str:
     return ""
 
 
-def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, dict]:
-    """Become an unprivileged user (see the module docstring).
+def drop_privileges(workspace: str | Path, enabled: bool = True, uid: int | None = None) -> tuple[Path, dict]:
+    """Become an unprivileged user (see the module docstring); ``uid``: this user id (a
+    job's own, :mod:`cuda_agent.sandbox.judge.identity`) instead of the workspace's or the
+    device's.
 
     Returns ``(view, metadata)``: ``view`` is the path through which the workspace is to be
     read from now on (``/proc/self/fd/N``, or ``workspace`` when nothing was dropped), and
@@ -219,8 +223,12 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
         return ws, {"privileges": f"kept ({why})"}
     global _tainted
     _tainted = True  # whatever happens now, this process serves no other job
-    user = workspace_user(ws)
-    uid, gid = user if user else (fallback_uid(), fallback_uid())
+    _own_uid = uid is not None
+    user = None if uid is not None else workspace_user(ws)
+    if uid is not None:
+        gid = uid
+    else:
+        uid, gid = user if user else (fallback_uid(), fallback_uid())
     fd = os.open(str(ws), os.O_PATH | os.O_DIRECTORY)
     mounts = _private_mounts(ws)
     network = _cut_network()
@@ -261,7 +269,8 @@ def drop_privileges(workspace: str | Path, enabled: bool = True) -> tuple[Path, 
         os.chdir(view)
     except OSError:
         os.chdir(private)
-    meta = {"privileges": f"dropped to uid {uid} ({'workspace sandbox user' if user else 'fixed job user'})",
+    who = "workspace sandbox user" if user else ("the job's own user" if user is None and _own_uid else "fixed job user")
+    meta = {"privileges": f"dropped to uid {uid} ({who})",
             "uid": uid, "gid": gid, "job_mounts": f"shared ({mounts})" if mounts else "private",
             "job_network": f"host ({network})" if network else "none"}
     _state = {"meta": meta, "private": private, "views": {str(ws): view}}

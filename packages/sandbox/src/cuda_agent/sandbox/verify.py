@@ -47,6 +47,7 @@ such memory cannot be returned as a torch output without going through torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import os
@@ -65,7 +66,6 @@ from . import integrity
 from .guard import ForbiddenOpError, GuardOptions, forward_guard, new_namespaces, registered_op_names
 from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
 from .precision import policy_from, precision_context
-from .privdrop import current_view, drop_privileges, rebase
 
 _COUNTER = itertools.count()
 
@@ -592,233 +592,263 @@ def verify_candidate(
     options: VerifyOptions | None = None,
     candidate: str | Path | None = None,
     reference: str | Path | None = None,
+    session: Any = None,
 ) -> VerifyResult:
     """Verify ``candidate`` (default ``<workspace>/model_new.py``) against ``reference``
     (default ``<workspace>/model.py``). Never raises for a bad candidate: the result says
-    what failed."""
-    from .checks import run_static_checks
+    what failed.
+
+    The candidate runs in a candidate process of its own (:mod:`.judge`); inputs are drawn,
+    the reference is run and outputs are compared here. ``session``: a
+    :class:`~.judge.session.JudgeSession` to use (and leave open) instead of a new one."""
+    from .judge.session import JudgeSession
 
     opts = options or VerifyOptions()
     if isinstance(opts.guard, dict):
         opts.guard = GuardOptions(**opts.guard)
-    t0 = time.perf_counter()
     ws = Path(workspace)
     cand_path = Path(candidate or opts.candidate)
     cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
     ref_path = Path(reference or opts.reference)
     ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
-    if current_view(ws) != ws:  # an earlier step of this job gave up root rights
-        view = current_view(ws)
-        cand_path, ref_path, ws = rebase(cand_path, ws, view), rebase(ref_path, ws, view), view
-    seed = opts.seed if opts.seed is not None else fresh_seed()
-    policy = policy_from(opts.precision)
-    meta: dict[str, Any] = {"seed": seed, "precision_policy": policy.key, "atol": opts.atol, "rtol": opts.rtol}
-    checks: list[CheckResult] = []
-    phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
-    meta["phase_seconds"] = phases
+    own = session is None
+    if own:
+        session = JudgeSession(ws, cand_path, ref_path, device, drop=opts.drop_privileges)
+    res = None
+    try:
+        res = Verification(session, device, opts).run()
+        return res
+    finally:
+        if own:
+            session.close_into(res)
+
+
+class Verification:
+    """The steps of :func:`verify_candidate`, run on the trusted side of a job."""
+
+    def __init__(self, session: Any, device: str, opts: VerifyOptions):
+        self.s = session
+        self.device = device
+        self.opts = opts
+        self.t0 = time.perf_counter()
+        self.seed = opts.seed if opts.seed is not None else fresh_seed()
+        self.policy = policy_from(opts.precision)
+        self.meta: dict[str, Any] = {"seed": self.seed, "precision_policy": self.policy.key, "atol": opts.atol,
+                                     "rtol": opts.rtol}
+        self.checks: list[CheckResult] = []
+        self.phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
+        self.meta["phase_seconds"] = self.phases
 
     @contextlib.contextmanager
-    def phase(name: str):
+    def phase(self, name: str) -> Iterator[None]:
         t = time.perf_counter()
         try:
             yield
         finally:
-            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t, 4)
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
-    def result(ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
-        if len(message) > opts.max_message_chars:
-            message = message[: opts.max_message_chars - 3] + "..."
-        return VerifyResult(ok=ok, failure=failure, message=message, checks=checks, seconds=time.perf_counter() - t0, metadata=meta)
+    def result(self, ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
+        o = self.opts
+        if len(message) > o.max_message_chars:
+            message = message[: o.max_message_chars - 3] + "..."
+        self.meta.update({k: v for k, v in self.s.meta.items() if k not in self.meta})
+        return VerifyResult(ok=ok, failure=failure, message=message, checks=self.checks,
+                            seconds=time.perf_counter() - self.t0, metadata=self.meta)
 
-    # 1. static checks
-    with phase("static_checks"):
-        static = run_static_checks(ws, cand_path, opts.static_checks)
-    checks.extend(static)
-    bad = [c for c in static if not c.passed]
-    if bad:
-        return result(False, FailureCategory.FORBIDDEN_OP, bad[0].message.splitlines()[0])
+    def refused(self, r: Any, check: str = "") -> VerifyResult:
+        if check:
+            self.checks.append(CheckResult(name=check, passed=False, message=r.message))
+        return self.result(False, r.category, r.message)
 
-    import torch
+    def run(self) -> VerifyResult:
+        from .checks import run_static_checks
+        from .judge.client import CandidateProcessError
+        from .judge.session import refusal_from_error
 
-    meta.update(_device_info(device))
-    with workspace_imports(ws), torch.no_grad(), phase("load"):
-        try:  # trusted: the reference is read with the job's own rights
-            ref_mod = load_reference(ref_path)
-        except LoadFailure as exc:
-            return result(False, exc.category, exc.message)
-    # from here on candidate code runs: give up root first
-    view, priv = drop_privileges(ws, opts.drop_privileges)
-    meta.update(priv)
-    cand_path = rebase(cand_path, ws, view)
-    harness = integrity.snapshot()  # what candidate code may not replace
+        s, o = self.s, self.opts
+        # 1. static checks, on the files as the job copied them
+        bad_file = s.refused_files()
+        if bad_file:
+            return self.result(False, FailureCategory.FORBIDDEN_OP, bad_file)
+        with self.phase("static_checks"):
+            static = run_static_checks(s.snap.root, s.candidate, o.static_checks)
+        self.checks.extend(static)
+        bad = [c for c in static if not c.passed]
+        if bad:
+            return self.result(False, FailureCategory.FORBIDDEN_OP, bad[0].message.splitlines()[0])
+        import torch
 
-    def tamper_check() -> VerifyResult | None:
-        changed = integrity.tampered(harness)
-        if not changed:
-            return None
-        msg = integrity.message(changed, cand_path.name)
-        checks.append(CheckResult(name="harness integrity", passed=False, message=msg))
-        return result(False, FailureCategory.FORBIDDEN_OP, msg)
-
-    with workspace_imports(view), precision_context(policy) as flags, torch.no_grad():
-        meta["precision_flags"] = flags
-        try:
-            with phase("load"):
-                cand_mod, namespaces = load_candidate(cand_path)
-                meta["custom_op_namespaces"] = sorted(namespaces)
-                loaded = build_models(ref_mod, cand_mod, device, seed, opts.strict_state_dict, cand_path.name)
-        except LoadFailure as exc:
-            return tamper_check() or result(False, exc.category, exc.message)
-        tampered_now = tamper_check()
-        if tampered_now is not None:
-            return tampered_now
-        meta["init_inputs"] = describe(loaded.init_inputs)
-        seeds = input_seeds(seed, opts.num_inputs)
-        meta["input_seeds"] = seeds
-
-        def run_candidate(name: str, cand_inputs: list, ref_out: Any, rule: str) -> VerifyResult | None:
-            """The candidate on ``cand_inputs`` (guarded, memory poisoned), compared with
-            ``ref_out``; a failed VerifyResult, or None when it matched."""
-            if opts.poison:
-                meta["poisoned_bytes"] = poison_allocator(device, nbytes(ref_out) + nbytes(cand_inputs))
-            guard = None
-            err: BaseException | None = None
-            out = None
+        self.meta.update(_device_info(self.device))
+        # 2. the reference, here
+        with workspace_imports(s.snap.root), torch.no_grad():
+            with self.phase("load"):
+                try:
+                    self.ref_mod = load_reference(s.reference)
+                    self.ref = build_models(self.ref_mod, None, self.device, self.seed, True, s.cand_name)
+                except LoadFailure as exc:
+                    return self.result(False, exc.category, exc.message)
+                try:
+                    # 3. the candidate, in its own process
+                    failed = s.load(self.seed, o.strict_state_dict, o.precision)
+                except CandidateProcessError as exc:
+                    return self.refused(refusal_from_error(exc, "loading the candidate"))
+            if failed is not None:
+                return self.refused(failed, "harness integrity" if failed.extra.get("tampered") else "")
+            self.meta["custom_op_namespaces"] = list(s.load_reply.get("namespaces") or [])[:50]
+            self.meta["init_inputs"] = describe(self.ref.init_inputs)
             try:
-                with deadline(opts.timeout_s), phase("candidate"):
-                    with (fill_uninitialized() if opts.poison else contextlib.nullcontext()):
-                        with forward_guard(opts.guard, namespaces) as guard:
-                            out = loaded.cand_model(*cand_inputs)
-                        synchronize(device)
-            except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                err = exc
-            if guard is not None:
-                meta["allowed_torch_calls"] = dict(guard.allowed_calls)
-                meta["custom_op_calls"] = dict(guard.custom_calls)
-            if guard is not None and guard.violations:
-                v = guard.violations[0]
-                checks.append(CheckResult(name=name, passed=False, message=v.message))
-                return result(False, FailureCategory.FORBIDDEN_OP, v.message)
-            if isinstance(err, ForbiddenOpError):
-                checks.append(CheckResult(name=name, passed=False, message=str(err)))
-                return result(False, FailureCategory.FORBIDDEN_OP, str(err))
-            if isinstance(err, VerifyTimeout):
-                checks.append(CheckResult(name=name, passed=False, message=str(err)))
-                return result(False, FailureCategory.TIMEOUT, f"ModelNew.forward on {name}: {err}")
-            if err is not None:
-                msg = f"ModelNew.forward raised on {name}: {_short_exc(err, files=(cand_path.name, 'cuda_agent_runtime.py'))}"
-                checks.append(CheckResult(name=name, passed=False, message=msg))
-                if "CUDA error" in str(err) or "illegal memory access" in str(err):
-                    meta["cuda_context_broken"] = True  # the worker process should be replaced
-                return result(False, FailureCategory.CRASH, msg)
-            with phase("compare"):
-                cmp = compare_outputs(ref_out, out, opts.atol, opts.rtol, "output", opts.check_dtype)
-            checks.append(
-                CheckResult(
-                    name=name,
-                    passed=cmp.ok,
-                    max_abs_err=cmp.max_abs_err,
-                    max_rel_err=cmp.max_rel_err,
-                    where=cmp.where if not cmp.ok else "",
-                    message=cmp.message,
-                )
-            )
-            if "candidate_outputs" not in meta:
-                meta["candidate_outputs"] = describe(out)
-            del out
-            if not cmp.ok:
-                return result(False, FailureCategory.WRONG_RESULT, f"wrong result on {rule}: {cmp.message}")
-            return None
+                with precision_context(self.policy) as flags:
+                    self.meta["precision_flags"] = flags
+                    out = self.draws()
+                if out is not None:
+                    return out
+                tampered = s.integrity()  # a patch made while forward ran
+            except CandidateProcessError as exc:
+                return self.refused(refusal_from_error(exc, "the candidate process"))
+        if tampered is not None:
+            return self.refused(tampered, "harness integrity")
+        worst = max((c.max_abs_err or 0.0 for c in self.checks), default=0.0)
+        done = sum(1 for e in self.meta.get("extra_draws", []) if e.get("status") == "passed")
+        skipped = sum(1 for e in self.meta.get("extra_draws", []) if e.get("status") == "skipped")
+        extra = ""
+        if done or skipped:
+            extra = f" and {done} extra draw{'s' if done != 1 else ''}" + (f" ({skipped} skipped)" if skipped else "")
+        return self.result(True, FailureCategory.NONE, f"correct on {o.num_inputs} inputs{extra} (max abs err {worst:.3g})")
 
+    # -- the draws ------------------------------------------------------------------------
+
+    def draws(self) -> VerifyResult | None:
+        o = self.opts
+        seeds = input_seeds(self.seed, o.num_inputs)
+        self.meta["input_seeds"] = seeds
         for i, s in enumerate(seeds):
             name = f"input[{i}] seed={s}"
             try:
-                with phase("inputs"):
-                    drawn = draw_inputs(ref_mod.get_inputs, s, device)
+                with self.phase("inputs"):
+                    drawn = draw_inputs(self.ref_mod.get_inputs, s, self.device)
             except Exception as exc:
-                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
-            inputs = drawn.values
+                return self.result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
             if i == 0:
-                meta["inputs"] = describe(inputs)
-                meta["inputs_replaced_zeros"] = drawn.replaced_zeros
+                self.meta["inputs"] = describe(drawn.values)
+                self.meta["inputs_replaced_zeros"] = drawn.replaced_zeros
             try:
-                with phase("reference"):
-                    ref_out = loaded.ref_model(*clone_inputs(inputs))
-                    synchronize(device)
+                with self.phase("reference"):
+                    ref_out = self.ref.ref_model(*drawn.values)
+                    synchronize(self.device)
             except Exception as exc:
-                return result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
+                return self.result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
             if i == 0:
-                meta["outputs"] = describe(ref_out)
-            cand_inputs = clone_inputs(inputs)
-            del inputs
-            failed = run_candidate(name, cand_inputs, ref_out, name)
-            del ref_out, cand_inputs
+                self.meta["outputs"] = describe(ref_out)
+            del drawn
+            failed = self.candidate_on(name, {"seed": s}, ref_out, name)
+            del ref_out
             if failed is not None:
                 return failed
+        return self.extra_draws()
 
-        # extra draws: the same shapes, floating-point values from other distributions
+    def extra_draws(self) -> VerifyResult | None:
+        """The same shapes, floating-point values from other distributions (inputs outside
+        the reference's domain, or on which it is ill-conditioned, are skipped)."""
+        o = self.opts
         extra_log: list[dict] = []
-        meta["extra_draws"] = extra_log
-        extra_seeds = input_seeds(seed ^ 0x5A5A5A5A, len(opts.extra_draws or []))
-        for kind, s in zip(opts.extra_draws or [], extra_seeds):
+        self.meta["extra_draws"] = extra_log
+        extra_seeds = input_seeds(self.seed ^ 0x5A5A5A5A, len(o.extra_draws or []))
+        for kind, s in zip(o.extra_draws or [], extra_seeds):
             label = EXTRA_DRAWS[kind][0] if kind in EXTRA_DRAWS else kind
             name = f"extra[{kind}] seed={s}"
             entry: dict[str, Any] = {"draw": kind, "label": label, "seed": s}
             extra_log.append(entry)
             try:
-                with phase("inputs"):
-                    base = draw_inputs(ref_mod.get_inputs, s, device).values
-                    inputs, refilled = extra_draw_inputs(base, kind, s, device)
+                with self.phase("inputs"):
+                    base = draw_inputs(self.ref_mod.get_inputs, s, self.device).values
+                    inputs, refilled = extra_draw_inputs(base, kind, s, self.device)
                     del base
             except ValueError as exc:
-                return result(False, FailureCategory.CRASH, f"verify option extra_draws: {exc}")
+                return self.result(False, FailureCategory.CRASH, f"verify option extra_draws: {exc}")
             except Exception as exc:
-                return result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+                return self.result(False, FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
             if not refilled:
                 entry.update(status="skipped", reason="no floating-point inputs")
                 continue
             try:
-                with phase("reference"):
-                    ref_out = loaded.ref_model(*clone_inputs(inputs))
-                    synchronize(device)
+                with self.phase("reference"):
+                    ref_out = self.ref.ref_model(*clone_inputs(inputs))
+                    synchronize(self.device)
             except Exception as exc:  # inputs outside the reference's domain
                 entry.update(status="skipped", reason=f"reference raised: {_short_exc(exc, 200)}")
                 continue
             if not all_finite(ref_out):
                 entry.update(status="skipped", reason="reference output not finite (inputs outside its domain)")
-                del ref_out, inputs
                 continue
-            if opts.extra_draw_stability_check:
+            if o.extra_draw_stability_check:
                 try:
-                    with phase("reference"):
-                        probe = loaded.ref_model(*nudged(inputs, s + 1))
-                        synchronize(device)
-                    stable = all_finite(probe) and compare_outputs(ref_out, probe, opts.atol, opts.rtol, "output",
-                                                                   opts.check_dtype).ok
+                    with self.phase("reference"):
+                        probe = self.ref.ref_model(*nudged(inputs, s + 1))
+                        synchronize(self.device)
+                    stable = all_finite(probe) and compare_outputs(ref_out, probe, o.atol, o.rtol, "output",
+                                                                   o.check_dtype).ok
                     del probe
                 except Exception:
                     stable = False
                 if not stable:
                     entry.update(status="skipped",
                                  reason="reference ill-conditioned (output moves beyond the tolerance under ulp-sized input changes)")
-                    del ref_out, inputs
                     continue
-            cand_inputs = clone_inputs(inputs)
             del inputs
-            failed = run_candidate(name, cand_inputs, ref_out, f"an extra input draw ({label})")
-            del ref_out, cand_inputs
+            failed = self.candidate_on(name, {"seed": s, "extra": kind}, ref_out, f"an extra input draw ({label})")
+            del ref_out
             entry["status"] = "failed" if failed is not None else "passed"
             if failed is not None:
                 return failed
-    tampered_now = tamper_check()  # a replaced comparison would have passed everything above
-    if tampered_now is not None:
-        return tampered_now
-    worst = max((c.max_abs_err or 0.0 for c in checks), default=0.0)
-    done = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "passed")
-    skipped = sum(1 for e in meta.get("extra_draws", []) if e.get("status") == "skipped")
-    extra = ""
-    if done or skipped:
-        extra = f" and {done} extra draw{'s' if done != 1 else ''}" + (f" ({skipped} skipped)" if skipped else "")
-    return result(True, FailureCategory.NONE, f"correct on {opts.num_inputs} inputs{extra} (max abs err {worst:.3g})")
+        return None
+
+    def candidate_on(self, name: str, draw: dict, ref_out: Any, rule: str) -> VerifyResult | None:
+        """The candidate (in its process: guarded, memory poisoned) on the inputs ``draw``
+        names, compared here with ``ref_out``; a failed VerifyResult, or None when it matched."""
+        o = self.opts
+        msg = {"op": "run", **draw, "poison": o.poison, "poison_hint": nbytes(ref_out), "timeout_s": o.timeout_s,
+               "guard": dataclasses.asdict(o.guard), "candidate": self.s.cand_name}
+        with self.phase("candidate"):
+            reply, out = self.s.fetch(msg, "output")
+        if "poisoned_bytes" in reply:
+            self.meta["poisoned_bytes"] = reply["poisoned_bytes"]
+        guard = reply.get("guard") if isinstance(reply.get("guard"), dict) else None
+        if guard is not None:
+            self.meta["allowed_torch_calls"] = _counts(guard.get("allowed_calls"))
+            self.meta["custom_op_calls"] = _counts(guard.get("custom_calls"))
+            violations = [str(v)[:1000] for v in (guard.get("violations") or [])[:5]]
+            if violations:
+                self.checks.append(CheckResult(name=name, passed=False, message=violations[0]))
+                return self.result(False, FailureCategory.FORBIDDEN_OP, violations[0])
+        if reply.get("forbidden"):
+            text = str(reply["forbidden"])[:1000]
+            self.checks.append(CheckResult(name=name, passed=False, message=text))
+            return self.result(False, FailureCategory.FORBIDDEN_OP, text)
+        if reply.get("timeout"):
+            text = str(reply["timeout"])[:300]
+            self.checks.append(CheckResult(name=name, passed=False, message=text))
+            return self.result(False, FailureCategory.TIMEOUT, f"ModelNew.forward on {name}: {text}")
+        if not reply.get("ok"):
+            err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            text = f"ModelNew.forward raised on {name}: {str(err.get('message', 'unknown error'))[:1500]}"
+            self.checks.append(CheckResult(name=name, passed=False, message=text))
+            if err.get("cuda"):
+                self.meta["cuda_context_broken"] = True
+            return self.result(False, FailureCategory.CRASH, text)
+        with self.phase("compare"):
+            cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output", o.check_dtype)
+        self.checks.append(CheckResult(name=name, passed=cmp.ok, max_abs_err=cmp.max_abs_err,
+                                       max_rel_err=cmp.max_rel_err, where=cmp.where if not cmp.ok else "",
+                                       message=cmp.message))
+        if "candidate_outputs" not in self.meta:
+            self.meta["candidate_outputs"] = describe(out)
+        del out
+        if not cmp.ok:
+            return self.result(False, FailureCategory.WRONG_RESULT, f"wrong result on {rule}: {cmp.message}")
+        return None
+
+
+def _counts(v: Any) -> dict:
+    if not isinstance(v, dict):
+        return {}
+    return {str(k)[:200]: int(n) for k, n in list(v.items())[:200] if isinstance(n, int) and not isinstance(n, bool)}

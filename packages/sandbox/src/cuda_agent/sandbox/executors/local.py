@@ -23,6 +23,8 @@ from cuda_agent.core.interfaces import Executor
 from .jobs import Job, JobError
 from .pool import RECYCLE_MODES, DeviceSpec, WorkerPool
 
+PRESTART = "cuda_agent.sandbox.judge.client:prestart"
+
 _live: "weakref.WeakSet[_PoolExecutor]" = weakref.WeakSet()
 
 
@@ -75,6 +77,9 @@ class _PoolExecutor(Executor):
         env = {}
         if o.quiet_timing:  # see cuda_agent.sandbox.hostlock
             env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
+        # last: each worker starts its candidate process (cuda_agent.sandbox.judge) ahead of
+        # its job, once its own CUDA context is made
+        init.append(PRESTART)
         return dict(
             name=self.name,
             default_timeout=o.timeout or None,
@@ -219,7 +224,7 @@ class LocalExecutor(_PoolExecutor):
         kw = super().pool_kwargs()
         kw["health_check"] = self.options.health_check or None
         if self.options.warm_cuda:
-            kw["init"] = [*kw["init"], "cuda_agent.sandbox.executors.health:cuda_init"]
+            kw["init"] = [i for i in kw["init"] if i != PRESTART] + ["cuda_agent.sandbox.executors.health:cuda_init", PRESTART]
         return kw
 
 

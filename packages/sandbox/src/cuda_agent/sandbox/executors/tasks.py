@@ -58,19 +58,21 @@ def profile(workspace: str, device: str, options: dict | None = None) -> Any:
 
 def evaluate(workspace: str, device: str, verify_options: dict | None = None,
              profile_options: dict | None = None) -> tuple[Any, Any]:
-    """Verify, then (when correct) profile, in one worker: one process start and one
-    load of the candidate instead of two. Returns (VerifyResult, ProfileResult or None)."""
+    """Verify, then (when correct) profile, in one worker: one candidate process and one
+    load of the candidate instead of two. The baselines are measured first, before any
+    candidate code is loaded (a candidate's process could otherwise load the GPU while they
+    are timed). Returns (VerifyResult, ProfileResult or None)."""
     from cuda_agent.sandbox import jobs
-    from cuda_agent.sandbox.privdrop import will_drop
 
     popts = _options(jobs, "ProfileOptions", profile_options)
     vopts = _options(jobs, "VerifyOptions", verify_options)
-    baselines = None
-    if will_drop(getattr(vopts, "drop_privileges", True)):
-        # verification gives up root rights before the candidate runs: the baselines
-        # (trusted, cached on disk) are measured first, with the job's own rights
-        baselines = jobs.prepare_baselines(workspace, device, popts)
-    v = jobs.verify_workspace(workspace, device, vopts)
-    if not getattr(v, "ok", False):
-        return v, None
-    return v, jobs.profile_workspace(workspace, device, popts, baselines=baselines)
+    baselines = jobs.prepare_baselines(workspace, device, popts)
+    session = jobs.open_session(workspace, device, vopts.candidate, vopts.reference, vopts.drop_privileges)
+    v = p = None
+    try:
+        v = jobs.verify_workspace(workspace, device, vopts, session=session)
+        if getattr(v, "ok", False):
+            p = jobs.profile_workspace(workspace, device, popts, baselines=baselines, session=session)
+        return v, p
+    finally:
+        session.close_into(v, p)

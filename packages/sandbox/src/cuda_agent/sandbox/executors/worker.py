@@ -70,16 +70,19 @@ def _health(check: Callable[[], Any] | None) -> str | None:
 
 
 def _after_job(health: str | None) -> str | None:
-    """The health reason after a job, also saying so when the job gave up root rights
+    """The health reason after a job, also saying so when the job used its candidate process
+    (:mod:`cuda_agent.sandbox.judge.client`) or gave up root rights
     (:mod:`cuda_agent.sandbox.privdrop`): such a process never serves another job."""
-    mod = sys.modules.get("cuda_agent.sandbox.privdrop")
-    if mod is None:
-        return health
-    try:
-        dropped = mod.after_job()
-    except Exception as exc:  # noqa: BLE001 - the process is unfit either way
-        dropped = f"cleaning up after a job that dropped its rights failed: {exc}"
-    return health or dropped
+    for name in ("cuda_agent.sandbox.judge.client", "cuda_agent.sandbox.privdrop"):
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        try:
+            why = mod.after_job()
+        except Exception as exc:  # noqa: BLE001 - the process is unfit either way
+            why = f"cleaning up after a job failed: {exc}"
+        health = health or why
+    return health
 
 
 def _watch_parent(parent: int) -> None:

@@ -1,0 +1,254 @@
+"""The trusted side's handle on a candidate process (:mod:`.candidate`).
+
+:class:`CandidateProcess` starts the process (as the first of a PID namespace of its own
+where it can; :mod:`.identity`), sends it commands with deadlines and reads its answers
+(JSON; outputs rebuilt by :mod:`.tensors` into this process's memory). :meth:`close` ends
+it and, when it ran under a job's own user id, kills every process of that id and checks
+that none is left.
+
+An executor worker starts one ahead of its first job (:func:`prestart`, a worker init
+step), so that the candidate process's imports and CUDA context cost no job any time; a
+job takes it with :func:`obtain`. A worker whose candidate process served a job serves no
+other (:func:`after_job`): the next job gets a fresh pair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+from cuda_agent.core.errors import CudaAgentError
+
+from . import identity, wire
+
+START_TIMEOUT = 180.0
+
+
+class CandidateProcessError(CudaAgentError):
+    """The candidate process died, hung or broke the protocol. ``reason``: ``crash``,
+    ``timeout`` or ``protocol``."""
+
+    def __init__(self, message: str, reason: str = "crash"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class CandidateProcess:
+    def __init__(self, device: str = "cpu", start_timeout: float = START_TIMEOUT):
+        self.device = str(device)
+        self.identity: identity.JobIdentity | None = None
+        self.isolation: dict[str, Any] = {}
+        self.used = False
+        self.closed = False
+        self.swept = 0
+        self._log = tempfile.NamedTemporaryFile(prefix="cuda-agent-candidate-", suffix=".log", delete=False)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = ours
+        cfg = {"fd": theirs.fileno(), "device": self.device}
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.pop("CUDA_AGENT_JOB_PROCESS", None)
+        try:
+            self.proc, how = identity.spawn(
+                [sys.executable, "-m", "cuda_agent.sandbox.judge.candidate", json.dumps(cfg)],
+                stdin=_devnull(), stdout=self._log, stderr=self._log, pass_fds=(theirs.fileno(),),
+                close_fds=True, env=env)
+        finally:
+            theirs.close()
+        self.isolation["pid_namespace"] = how
+        self._ready: dict | None = None
+        self._start_timeout = start_timeout
+
+    # -- the process ----------------------------------------------------------------
+
+    def wait_ready(self) -> None:
+        if self._ready is not None:
+            return
+        msg, fds = self._recv(self._start_timeout, "start")
+        _close(fds)
+        if msg.get("op") != "ready":
+            err = (msg.get("error") or {}).get("message", "")
+            self.close()
+            raise CandidateProcessError(f"the candidate process failed to start: {err or msg}")
+        self._ready = msg
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 12) -> str:
+        try:
+            with open(self._log.name, "rb") as fh:
+                data = fh.read()[-8000:]
+        except OSError:
+            return ""
+        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+    def _died(self) -> CandidateProcessError:
+        from ..executors.jobs import describe_exit
+
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        rc = self.proc.poll()
+        last = [ln for ln in self.tail(6).splitlines() if ln.strip()]
+        why = describe_exit(rc) if rc is not None else "crashed: closed its channel"
+        return CandidateProcessError(f"the candidate process {why}" + (f"; it printed: {last[-1][:300]}" if last else ""))
+
+    def _recv(self, timeout: float | None, what: str) -> tuple[dict, list[int]]:
+        try:
+            return wire.recv(self.sock, timeout)
+        except wire.WireError as exc:
+            if exc.reason == "timeout":
+                self.kill()
+                raise CandidateProcessError(f"the candidate process did not finish {what} within {timeout:g} s",
+                                            "timeout") from None
+            if exc.reason == "closed":
+                raise self._died() from None
+            self.kill()
+            raise CandidateProcessError(f"the candidate process broke the protocol ({exc})", "protocol") from None
+        except OSError:
+            raise self._died() from None
+
+    def call(self, msg: dict, timeout: float | None = None) -> tuple[dict, list[int]]:
+        """Send a command; its reply and the descriptors that came with it (closed by the
+        caller, e.g. through :func:`tensors.close_all`)."""
+        self.wait_ready()
+        if self.closed:
+            raise CandidateProcessError("the candidate process is closed")
+        self.used = True
+        try:
+            wire.send(self.sock, msg)
+        except OSError:
+            raise self._died() from None
+        return self._recv(timeout, f"command {msg.get('op')!r}")
+
+    def request(self, msg: dict, timeout: float | None = None) -> dict:
+        reply, fds = self.call(msg, timeout)
+        _close(fds)
+        return reply
+
+    # -- identity ---------------------------------------------------------------------
+
+    def drop(self, workspace: str, enabled: bool = True, timeout: float = 60.0) -> dict:
+        """Make the process the job's own user (when this process is root and the drop is on)."""
+        from .. import privdrop
+
+        uid = None
+        if enabled and os.geteuid() == 0 and sys.platform.startswith("linux") and not privdrop.switched_off():
+            self.identity = identity.JobIdentity()
+            uid = self.identity.uid
+            if self.identity.leftover_before:
+                self.isolation["killed_before_start"] = self.identity.leftover_before
+        reply = self.request({"op": "drop", "workspace": workspace, "enabled": enabled, "uid": uid}, timeout)
+        if not reply.get("ok"):
+            raise CandidateProcessError(f"the candidate process could not give up its rights: {reply.get('error')}")
+        meta = reply.get("meta") if isinstance(reply.get("meta"), dict) else {}
+        if uid is not None and meta.get("uid") != uid:
+            self.kill()
+            raise CandidateProcessError("the candidate process did not become the job's user", "protocol")
+        return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
+
+    # -- the end ----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def close(self) -> dict:
+        """End the process and every process of the job's user; what the end found."""
+        if self.closed:
+            return self.isolation
+        self.closed = True
+        if self.alive():
+            try:
+                wire.send(self.sock, {"op": "exit"})
+                self.proc.wait(timeout=3)
+            except Exception:  # noqa: BLE001
+                pass
+        self.kill()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        if self.identity is not None:
+            try:
+                self.swept = identity.sweep(self.identity.uid)
+                left = identity.processes_of(self.identity.uid)
+                self.isolation["left_running_killed"] = self.swept
+                self.isolation["left_running_after_end"] = len(left)
+            finally:
+                self.identity.release()
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+        self._log.close()
+        return self.isolation
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _devnull() -> Any:
+    return open(os.devnull, "rb")
+
+
+# --- one per worker, started ahead of its first job ---------------------------------------------
+
+_prestarted: CandidateProcess | None = None
+_spent = False
+
+
+def prestart(device: str = "cpu") -> None:
+    """A worker init step: start this worker's candidate process now (its imports and CUDA
+    context made while the worker waits as a spare). On a GPU the worker waits for it (the
+    init steps hold the device's quiet lock: no context is made while a timing runs there);
+    on the CPU it starts alongside the worker."""
+    global _prestarted
+    if _prestarted is None:
+        _prestarted = CandidateProcess(device)
+        if str(device).startswith("cuda"):
+            _prestarted.wait_ready()
+
+
+def obtain(device: str) -> CandidateProcess:
+    """The prestarted candidate process when it matches ``device``, else a new one."""
+    global _prestarted, _spent
+    _spent = True
+    p, _prestarted = _prestarted, None
+    if p is not None and p.device == str(device) and p.alive() and not p.closed:
+        return p
+    if p is not None:
+        p.close()
+    return CandidateProcess(device)
+
+
+def after_job() -> str | None:
+    """The reason this worker must not serve another job (its candidate process is spent)."""
+    if _spent:
+        return "the job's candidate process has ended; a fresh worker (and candidate process) serves the next job"
+    return None
+
+
+def shutdown() -> None:
+    global _prestarted
+    if _prestarted is not None:
+        _prestarted.close()
+        _prestarted = None

@@ -1,0 +1,149 @@
+"""One job, one identity, nothing left behind.
+
+Every candidate process runs under a user id leased for its job alone (60000..60999, a
+file lock held while the job runs, see :class:`JobIdentity`), so a candidate can signal,
+trace or read no other job's processes, and none of the trusted side's (root's). When the
+job ends, every process of that user id is killed and the end is checked
+(:func:`sweep`): a child that started a new session, double-forked or was reparented
+cannot outlive its job and reach the next job that leases the same id. Where it can, the
+candidate process also starts as the first process of a PID namespace of its own
+(:func:`spawn`), so that its end takes every process it started with it and ``/proc``
+shows it nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+JOB_UID_BASE = 60000
+JOB_UID_COUNT = 1000
+PIDNS_ENV = "CUDA_AGENT_JOB_PIDNS"  # "0": no PID namespace for candidate processes
+_CLONE_NEWPID = 0x20000000
+
+# kills every process the caller may signal, as the given user (kill(-1) spares the caller)
+_KILL_ALL = "import os,sys;u=int(sys.argv[1]);os.setgroups([]);os.setgid(u);os.setuid(u);os.kill(-1,9)"
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("CUDA_AGENT_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "cuda-agent-locks"))
+
+
+class JobIdentity:
+    """A user id leased for one job (released by :meth:`release`, after :func:`sweep`)."""
+
+    def __init__(self, base: int = JOB_UID_BASE, count: int = JOB_UID_COUNT):
+        from ..sandboxes.common import UidLease
+
+        self._lease = UidLease(Path(f"job-{uuid.uuid4().hex}"), base, count, lock_dir())
+        self.uid = self.gid = self._lease.uid
+        leftover = sweep(self.uid)  # a process of a crashed earlier job with this id
+        self.leftover_before = leftover
+
+    def release(self) -> None:
+        self._lease.release()
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the processes whose real, effective or saved user id is ``uid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                for line in fh:
+                    if line.startswith("Uid:"):
+                        ids = {int(x) for x in line.split()[1:4]}
+                        if uid in ids:
+                            out.append(int(name))
+                        break
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def sweep(uid: int, rounds: int = 20) -> int:
+    """Kill every process of ``uid`` (as root); returns how many there were. Repeats until
+    none is left, so that processes forked while the first signals went out die too."""
+    if os.geteuid() != 0 or uid <= 0:
+        return 0
+    first = processes_of(uid)
+    if not first:
+        return 0
+    for _ in range(rounds):
+        subprocess.run([sys.executable, "-I", "-S", "-c", _KILL_ALL, str(uid)], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        deadline = time.monotonic() + 2.0
+        while processes_of(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # killed processes disappear once reaped
+        if not [p for p in processes_of(uid) if not _zombie(p)]:
+            return len(first)
+    left = [p for p in processes_of(uid) if not _zombie(p)]
+    if left:
+        raise RuntimeError(f"processes of job user {uid} survive SIGKILL: {left[:5]}")
+    return len(first)
+
+
+_TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def cpu_seconds(uid: int | None = None, pid: int | None = None) -> tuple[float, int]:
+    """CPU time (user + system, the reaped children's included) of every process of ``uid``
+    (or of process ``pid`` alone), from the kernel's accounting: nothing the processes do can
+    change it. Returns (seconds, processes counted); each count is one clock tick coarse."""
+    total, seen = 0.0, 0
+    names = [str(pid)] if uid is None and pid is not None else [n for n in os.listdir("/proc") if n.isdigit()]
+    for name in names:
+        try:
+            if uid is not None:
+                with open(f"/proc/{name}/status") as fh:
+                    ids = next((line.split()[1:4] for line in fh if line.startswith("Uid:")), [])
+                if str(uid) not in ids:
+                    continue
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) * _TICK  # utime stime cutime cstime
+            seen += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return total, seen
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def spawn(argv: list[str], pidns: bool = True, **popen: Any) -> tuple[subprocess.Popen, str]:
+    """Start ``argv`` (as the first process of a new PID namespace when ``pidns`` and root).
+    Returns the process and how it was isolated ("own PID namespace" or why not)."""
+    how = "host PID namespace"
+    if not pidns or os.environ.get(PIDNS_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return subprocess.Popen(argv, **popen), f"{how} (switched off)"
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return subprocess.Popen(argv, **popen), f"{how} (not root)"
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.unshare(_CLONE_NEWPID) != 0:
+            return subprocess.Popen(argv, **popen), f"{how} (unshare: {os.strerror(ctypes.get_errno())})"
+        try:
+            proc = subprocess.Popen(argv, **popen)
+        finally:
+            # later children of this process stay in its own namespace
+            if libc.setns(own, _CLONE_NEWPID) != 0:  # pragma: no cover - setns to one's own namespace
+                raise OSError(ctypes.get_errno(), "setns back to the job's PID namespace failed")
+        return proc, "own PID namespace"
+    finally:
+        os.close(own)

@@ -1,0 +1,127 @@
+"""What ties a timed call to its output, so that the trusted side can check timed work.
+
+* Inputs change between timed calls (untimed): call ``j`` of a timing runs on input set
+  ``j % k`` rewritten from its pristine copy as ``pristine * factor(seed, j)``. The factor
+  alternates sign on every visit of a set and takes one of eight magnitudes, picked by the
+  seed the trusted side sends with the loop: no result of an earlier call is right for
+  the next one, and no call's inputs are known before the loop starts.
+* After each timed call (untimed) the candidate process adds up the squares of its output
+  in float64 (:func:`checksum`). The trusted side recomputes, for a few calls it picks after
+  the loop, the reference on the same inputs and checks the reported sum against the
+  reference's within what the tolerance allows (:func:`checksum_bounds`): a process that
+  skipped calls, or reports outputs it never computed, fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MASK = (1 << 64) - 1
+CHUNK = 1 << 24  # elements per reduction step (bounds the float64 temporaries)
+DOT_CHUNK = 1 << 16  # elements per float32 dot product of a checksum
+# the float32 rounding a chunk's dot product can carry, relative (a bound, not a typical value)
+DOT_ROUNDING = DOT_CHUNK * 2.0 ** -23
+
+
+def _mix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def factor(seed: int, j: int, k: int) -> float:
+    """The factor of call ``j``'s inputs (``k`` input sets): exact in every float format."""
+    magnitude = 1.0 + (_mix((seed & _MASK) ^ _mix(j)) % 8) / 128.0
+    return -magnitude if (j // max(1, k)) % 2 else magnitude
+
+
+def apply(pristine: list, work: list, f: float) -> None:
+    """``work = pristine * f`` for every floating-point tensor (the rest is left alone)."""
+    import torch
+
+    for p, w in zip(pristine, work):
+        if isinstance(p, torch.Tensor) and p.is_floating_point() and p.numel() > 0:
+            torch.mul(p, f, out=w)
+
+
+def inputs_at(pristine: list, f: float) -> list:
+    """Fresh tensors ``pristine * f`` (the trusted side's copy of a call's inputs)."""
+    import torch
+
+    out = []
+    for p in pristine:
+        if isinstance(p, torch.Tensor) and p.is_floating_point() and p.numel() > 0:
+            out.append(torch.mul(p, f))
+        elif isinstance(p, torch.Tensor):
+            out.append(p.clone())
+        else:
+            out.append(p)
+    return out
+
+
+def _tensors(obj: Any) -> list:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    return []
+
+
+def _flat(t: Any) -> Any:
+    import torch
+
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    return t.reshape(-1)
+
+
+def checksum_into(obj: Any, slot: Any) -> None:
+    """Add the sum of squares of every tensor of ``obj`` to the 0-d float64 ``slot``
+    (queued on the device; nothing waits for it). Each chunk of :data:`DOT_CHUNK` elements is
+    one dot product in float32 (BLAS), the chunks are added in float64: a few percent of the
+    cost of an elementwise kernel over the output."""
+    import torch
+
+    for t in _tensors(obj):
+        flat = _flat(t)
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.to(torch.float32)
+        for start in range(0, flat.numel(), DOT_CHUNK):
+            c = flat[start:start + DOT_CHUNK]
+            slot.add_(torch.dot(c, c))
+
+
+def checksum(obj: Any) -> float:
+    import torch
+
+    tensors = _tensors(obj)
+    if not tensors:
+        return 0.0
+    slot = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
+    checksum_into(obj, slot)
+    return float(slot)
+
+
+def checksum_bounds(ref: Any, atol: float, rtol: float) -> tuple[float, float]:
+    """(the reference's checksum, the largest difference an output within the tolerance can
+    make to it): every element may move by ``e = atol + rtol |r|``, which moves its square
+    by at most ``e (2 |r| + e)``."""
+    import torch
+
+    total, slack = 0.0, 0.0
+    for t in _tensors(ref):
+        flat = _flat(t)
+        for start in range(0, flat.numel(), CHUNK):
+            r = flat[start:start + CHUNK].to(torch.float64)
+            e = atol + rtol * r.abs()
+            total += float(r.square().sum())
+            slack += float((e * (2 * r.abs() + e)).sum())
+    return total, slack + DOT_ROUNDING * abs(total) + 1e-12

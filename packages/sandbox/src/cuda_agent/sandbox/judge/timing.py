@@ -1,0 +1,401 @@
+"""Timing a candidate from the trusted side: what comes back is checked, not believed.
+
+The candidate process times itself (it must call the candidate's forward) with a profiler
+plugin whose loop is compiled code (:mod:`.native`). The trusted side drives the timing in
+two halves and checks each timed loop:
+
+* **Wall clock.** The trusted process times the whole loop command (``W``) on its own clock.
+  Reported times cannot add up to more than ``W``, and ``W`` cannot exceed them by more than
+  the loop's own untimed work (input rotation, L2 flush, checksums; measured here, before
+  the candidate is loaded, by the same profiler on a call that does nothing) plus
+  :data:`WALL_SLACK_RATIO` of the reported time and :data:`WALL_SLACK_MS`. A process that
+  reports times smaller than what it spent is refused (rule ``timing.wall-clock``).
+* **Checksums.** Every timed call's output is summed (squares, float64) outside the timed
+  region; for :data:`CHECKED_CALLS` calls picked here after the loop, the reference is run
+  on the same inputs (:mod:`.rotation`) and the reported sum must agree within the
+  tolerance (rule ``timing.checksum``): skipped or cached calls fail.
+* **Spot check.** The outputs of the last timed call of every input set come back and are
+  compared with the reference like any verification output.
+
+Profilers without the two halves (third-party ones) are timed whole; their reported time
+is bounded by ``W`` from above only, and the metadata says so.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+from cuda_agent.core.types import FailureCategory, Timing
+
+from . import rotation
+from .session import Refusal
+
+WALL_SLACK_RATIO = 0.25  # of the reported time, and of the loop's own work (whose estimate is noisy)
+WALL_SLACK_MS = 10.0
+CPU_SLACK_RATIO = 1.25  # of the reported time per thread
+CPU_SLACK_MS = 20.0
+CHECKED_CALLS = 3
+NULL_CALLS = 30
+RULE_WALL = "timing.wall-clock"
+RULE_CHECKSUM = "timing.checksum"
+
+
+def _now_ms() -> float:
+    from . import native
+
+    return native.timing().host_ms()
+
+
+def quick(profiler: Any) -> Any:
+    """A copy of ``profiler`` with a short warm-up (for the loop-overhead measurement)."""
+    o = getattr(profiler, "options", None)
+    fields = getattr(o, "__dataclass_fields__", {})
+    change = {k: v for k, v in (("warmup_ms", 2.0), ("settle_ms", 0.0), ("warmup_iters", 2)) if k in fields}
+    return type(profiler)(replace(o, **change)) if change else profiler
+
+
+def loop_overhead_ms(profiler: Any, pristine: list, ref_out: Any, device: Any, calls: int = NULL_CALLS) -> dict:
+    """The cost of a timed loop's untimed work, on this side: the profiler's loop over a call
+    that returns a ready output, with the same input rotation and checksums, run for a few
+    calls and for ``calls`` calls. Returns ``{"fixed": ms per loop, "plain": ms per call,
+    "sync_each": ms per call, "cpu": CPU ms per call}`` (``sync_each`` for loops that
+    synchronise every call)."""
+    import torch
+
+    work = [v.clone() if isinstance(v, torch.Tensor) else v for v in pristine]
+    slot = torch.zeros((), dtype=torch.float64, device=device)
+
+    def null(*_args: Any) -> Any:
+        return ref_out
+
+    def prepare(j: int, _args: Any) -> None:
+        rotation.apply(pristine, work, rotation.factor(1, j, 1))
+
+    def after(_j: int, out: Any) -> None:
+        rotation.checksum_into(out, slot)
+
+    cpu: list[float] = []
+
+    def unaccounted(prof: Any, run: Any, n: int) -> float:
+        c0, t0 = time.thread_time(), _now_ms()
+        samples, _ = prof.loop(run, n, prepare, after)
+        wall = _now_ms() - t0
+        cpu.append(max(0.0, (time.thread_time() - c0) * 1e3 - sum(samples)) / n)
+        return max(0.0, wall - sum(samples))
+
+    prof = quick(profiler)
+    run = prof.begin(null, [work], device)
+    few = max(2, calls // 6)
+    unaccounted(prof, run, few)  # first calls of the rotation and checksum paths
+    out: dict[str, float] = {}
+    for mode in ("plain", "sync_each"):
+        if mode == "sync_each":
+            if not hasattr(prof.options, "sync_each"):
+                out[mode] = out["plain"]
+                break
+            prof = type(prof)(replace(prof.options, sync_each=True))
+        short, long_ = min(unaccounted(prof, run, few) for _ in range(2)), unaccounted(prof, run, calls)
+        out[mode] = max(0.0, (long_ - short) / (calls - few))
+        if mode == "plain":
+            out["fixed"] = max(0.0, short - few * out[mode])
+            out["cpu"] = min(cpu)  # CPU time per call of the untimed work, this thread's
+    del work, slot
+    return out
+
+
+def wall_check(samples: list[float], wall_ms: float, per_call_ms: float, fixed_ms: float = 0.0,
+               hidden: bool = True) -> tuple[str, dict]:
+    """"" when reported ``samples`` fit the trusted wall clock ``wall_ms``, else why not:
+    ``per_call_ms`` and ``fixed_ms`` are the loop's own untimed work per call and per loop;
+    ``hidden``: also refuse wall time the samples and that work do not account for."""
+    total = sum(samples)
+    n = len(samples)
+    own = n * per_call_ms + fixed_ms
+    unaccounted = wall_ms - total - own
+    info = {"wall_ms": round(wall_ms, 3), "reported_ms": round(total, 3), "overhead_ms": round(own, 3),
+            "unaccounted_ms": round(unaccounted, 3)}
+    if total > wall_ms + 1.0:
+        return (f"the candidate process reported {total:.3f} ms of timed calls in a loop that took {wall_ms:.3f} ms "
+                f"(rule {RULE_WALL}: reported times must fit the trusted wall clock)"), info
+    if hidden and unaccounted > WALL_SLACK_RATIO * (total + own) + WALL_SLACK_MS:
+        return (f"the timed loop took {wall_ms:.3f} ms on the trusted clock, but its {n} calls reported "
+                f"{total:.3f} ms and the loop's own work accounts for {own:.3f} ms: "
+                f"{unaccounted:.3f} ms are unaccounted for (rule {RULE_WALL}: time spent in a call must be "
+                f"measured; do not leave work running outside the timed calls)"), info
+    return "", info
+
+
+def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: int, processes: int) -> tuple[str, dict]:
+    """"" when the CPU time the job's processes spent in a loop (``cpu_ms``, from the kernel's
+    accounting) is covered by the reported calls, else why not. On the CPU backend a call's
+    wall time is at least its CPU time per thread, however busy the host is, so the reported
+    samples bound the work: a process that spent its CPU time on calls it reported as shorter
+    is caught without trusting any clock of its own. ``own_cpu_ms``: the loop's own work."""
+    total = sum(samples)
+    calls_cpu = cpu_ms - own_cpu_ms
+    budget = CPU_SLACK_RATIO * max(1, threads) * total + CPU_SLACK_MS + 10.0 * processes
+    info = {"cpu_ms": round(cpu_ms, 3), "reported_ms": round(total, 3), "overhead_cpu_ms": round(own_cpu_ms, 3),
+            "threads": threads}
+    if calls_cpu > budget:
+        return (f"the job's processes spent {calls_cpu:.1f} ms of CPU time on {len(samples)} timed calls that "
+                f"reported {total:.1f} ms with {max(1, threads)} thread(s) (rule {RULE_WALL}: a call's time must be "
+                f"measured; on the CPU backend calls run with at most cpu_threads threads)"), info
+    return "", info
+
+
+class CandidateTimer:
+    """Drives one candidate's timing in its process (see the module docstring)."""
+
+    def __init__(self, session: Any, ref_model: Any, get_inputs: Any, device: Any, atol: float, rtol: float,
+                 timeout: float | None = None):
+        self.s = session
+        self.ref_model = ref_model
+        self.get_inputs = get_inputs
+        self.device = device
+        self.atol, self.rtol = atol, rtol
+        self.timeout = timeout
+        self.meta: dict[str, Any] = {}
+        self.overhead: dict[str, float] = {}
+        self.set_seeds: list[int] = []
+        self._pristine: dict[int, list] = {}
+        self.threads: int | None = None
+
+    # -- the trusted side's own copies ---------------------------------------------------
+
+    def pristine(self, s: int) -> list:
+        from ..inputs import draw_inputs
+
+        if s not in self._pristine:
+            self._pristine[s] = draw_inputs(self.get_inputs, self.set_seeds[s], self.device).values
+        return self._pristine[s]
+
+    def reference_at(self, seed: int, j: int) -> Any:
+        k = len(self.set_seeds)
+        x = rotation.inputs_at(self.pristine(j % k), rotation.factor(seed, j, k))
+        out = self.ref_model(*x)
+        from ..verify import synchronize
+
+        synchronize(self.device)
+        return out
+
+    _profiler: Any = None
+
+    def measure_overhead(self, profiler: Any, keep: Any = None) -> None:
+        """The loop's own cost, measured here (``keep``: ``min`` or ``max``, how a new
+        measurement is combined with the one before). It is measured before the candidate is
+        loaded and again once it is warm, keeping the smaller (another process starting on
+        the host inflates either; a candidate can only inflate the second), and measured again
+        after a loop that failed the wall-clock check, keeping the larger (the host was busy
+        while the loop ran)."""
+        if not all(hasattr(profiler, a) for a in ("begin", "loop")):
+            return
+        from .. import hostlock
+
+        self._profiler = profiler
+        ref_out = self.reference_at(0, 0)
+        with hostlock.timing():
+            new = loop_overhead_ms(profiler, self.pristine(0), ref_out, self.device)
+        if keep is not None and self.overhead:
+            new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
+        self.overhead = new
+        self.meta["loop_overhead_ms"] = {k: round(v, 5) for k, v in self.overhead.items()}
+
+    # -- one timing -------------------------------------------------------------------------
+
+    def time(self, profiler: Any, name: str, options: dict, graph: bool, max_spread: float, attempts: int,
+             cpu_threads: int | None) -> tuple[Timing | None, Refusal | None]:
+        from .. import hostlock
+
+        self.threads = cpu_threads
+        warm_msg = {"op": "warm", "profiler": name, "options": options, "graph": graph,
+                    "sets": self.set_seeds, "cpu_threads": cpu_threads}
+        with hostlock.timing():
+            warm = self.s._request(warm_msg, self.timeout)
+        if not warm.get("ok"):
+            if warm.get("profiler_error"):
+                return None, Refusal(FailureCategory.CRASH, str(warm["profiler_error"]), {"profiler_error": True})
+            return None, self._crash("ModelNew failed while being timed (warm-up)", warm)
+        if not warm.get("two_phase"):
+            return self._whole(profiler)
+        prof = profiler.steadier() if graph and hasattr(profiler, "steadier") else profiler
+        if self._profiler is not None:
+            self.measure_overhead(self._profiler, keep=min)
+        try:
+            estimate = float(warm.get("estimate_ms", 0.0))
+            warmup_ms = float(warm.get("warmup_ms", 0.0))
+        except (TypeError, ValueError):
+            return None, Refusal(FailureCategory.CRASH, "the candidate process sent a malformed warm-up")
+        n = prof.iterations(max(estimate, 0.0))
+        method = prof.method_name()
+        best: Timing | None = None
+        made = 0
+        loops: list[dict] = []
+        suspect = 0
+        while made < max(1, int(attempts)):
+            seed = secrets.randbits(62)
+            with hostlock.timing():
+                c0 = self._job_cpu()
+                t0 = _now_ms()
+                reply = self.s._request({"op": "loop", "n": n, "seed": seed}, self.timeout)
+                wall = _now_ms() - t0
+                c1 = self._job_cpu()
+            if not reply.get("ok"):
+                return None, self._crash("ModelNew failed while being timed", reply)
+            samples, sums, info = self._read_loop(reply, n)
+            if samples is None:
+                return None, Refusal(FailureCategory.CRASH, "the candidate process sent malformed timings")
+            why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
+            if why and self._profiler is not None and not self._on_cpu:
+                # the host may have been busy: the loop's own work measured again, now
+                self.measure_overhead(self._profiler, keep=max)
+                why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
+            wall_info["calls"] = n
+            loops.append(wall_info)
+            self.meta["timing_loops"] = loops
+            if why:
+                suspect += 1
+                if suspect >= 2:  # twice in a row: not a passing disturbance
+                    return None, Refusal(FailureCategory.FORBIDDEN_OP, why)
+                continue
+            suspect = 0
+            made += 1
+            bad = self._check_sums(seed, sums, n)
+            if bad is not None:
+                return None, bad
+            t = prof.finish(samples, method, warmup_ms, info)
+            if best is None or t.spread < best.spread:
+                best = t
+            self._last_seed = seed
+            if max_spread <= 0 or best.spread <= max_spread:
+                break
+        assert best is not None
+        best.attempts = made
+        return best, None
+
+    @property
+    def _on_cpu(self) -> bool:
+        return str(self.device).startswith("cpu")
+
+    def _job_cpu(self) -> tuple[float, int]:
+        from .identity import cpu_seconds
+
+        proc = self.s.proc
+        if proc is None:
+            return 0.0, 0
+        if proc.identity is not None:
+            return cpu_seconds(uid=proc.identity.uid)
+        return cpu_seconds(pid=proc.proc.pid)
+
+    def _clock_check(self, samples: list[float], info: dict, wall: float, c0: tuple, c1: tuple,
+                     n: int) -> tuple[str, dict]:
+        """The trusted clocks against the reported times: on the CPU backend the job's CPU time
+        (immune to a busy host); on a GPU the wall clock. Reported times longer than the loop
+        took are refused on both."""
+        why, out = wall_check(samples, wall, 0.0, 0.0, hidden=False) if self._on_cpu else \
+            wall_check(samples, wall, self.overhead.get("sync_each" if info.get("sync_each") else "plain", 0.0),
+                       self.overhead.get("fixed", 0.0))
+        if self._on_cpu and not why:
+            threads = int(self.threads or 1)
+            own = n * self.overhead.get("cpu", 0.0)
+            why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]))
+            out.update(cpu_info)
+            out.pop("unaccounted_ms", None)
+        return why, out
+
+    def _read_loop(self, reply: dict, n: int) -> tuple[list | None, list | None, dict]:
+        from .wire import WireError, floats
+
+        try:
+            samples = floats(reply, "samples", n)
+            sums = floats(reply, "checksums", n) if _all_finite_list(reply.get("checksums")) else \
+                [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
+                 for x in (reply.get("checksums") or [])]
+        except WireError:
+            return None, None, {}
+        if len(sums) != n or any(x < 0 for x in samples):
+            return None, None, {}
+        info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
+        info = {"sync_each": bool(info.get("sync_each")),
+                "escaped": int(info.get("escaped", 0)) if isinstance(info.get("escaped", 0), int) else 0}
+        return samples, sums, info
+
+    def _check_sums(self, seed: int, sums: list[float], n: int) -> Refusal | None:
+        import math
+
+        picks = sorted({secrets.randbelow(n) for _ in range(min(CHECKED_CALLS, n))})
+        checked = []
+        for j in picks:
+            ref = self.reference_at(seed, j)
+            want, slack = rotation.checksum_bounds(ref, self.atol, self.rtol)
+            del ref
+            got = sums[j]
+            checked.append(j)
+            if not math.isfinite(want):
+                continue  # a reference that overflows says nothing about the candidate's sum
+            if not math.isfinite(got) or abs(got - want) > slack:
+                return Refusal(FailureCategory.WRONG_RESULT,
+                               f"timed call {j} of {n} (input set {j % len(self.set_seeds)}): the sum of squares of its output is {got:.6g}, the reference's "
+                               f"is {want:.6g} (at most {slack:.3g} apart within atol/rtol) (rule {RULE_CHECKSUM}: "
+                               f"every timed call must compute the output for its own inputs; results cached or "
+                               f"skipped between calls fail)")
+        self.meta.setdefault("checksums_checked", []).extend(checked)
+        return None
+
+    def spot_check(self, compare: Any) -> Refusal | None:
+        """The last timed output of every input set against the reference on its inputs."""
+        reply, outs = self.s.fetch({"op": "outputs"}, "outputs", self.timeout)
+        if not reply.get("ok") or not isinstance(outs, list) or len(outs) != len(self.set_seeds):
+            return self._crash("the outputs of the timed calls could not be read back", reply)
+        last = reply.get("last_call")
+        k = len(self.set_seeds)
+        if not (isinstance(last, list) and len(last) == k and all(isinstance(j, int) and j % k == i
+                                                                  for i, j in enumerate(last))):
+            return Refusal(FailureCategory.CRASH, "the candidate process sent malformed call indices")
+        for i, (j, out) in enumerate(zip(last, outs)):
+            ref = self.reference_at(self._last_seed, j)
+            cmp = compare(ref, out)
+            if not cmp.ok:
+                self.meta["spot_check"] = "failed"
+                return Refusal(FailureCategory.WRONG_RESULT,
+                               f"wrong result on a timed call (input set {i}, call {j}; results cached or computed "
+                               f"differently while timed?): {cmp.message}")
+        self.meta["spot_check"] = "passed"
+        return None
+
+    def _whole(self, profiler: Any) -> tuple[Timing | None, Refusal | None]:
+        from ..baselines import timing_from
+        from .. import hostlock
+
+        seed = secrets.randbits(62)
+        with hostlock.timing():
+            t0 = _now_ms()
+            reply = self.s._request({"op": "whole", "seed": seed}, self.timeout)
+            wall = _now_ms() - t0
+        if not reply.get("ok"):
+            return None, self._crash("ModelNew failed while being timed", reply)
+        t = timing_from(reply.get("timing") if isinstance(reply.get("timing"), dict) else None)
+        if t is None:
+            return None, Refusal(FailureCategory.CRASH, "the candidate process sent a malformed timing")
+        self.meta["timing_loops"] = [{"wall_ms": round(wall, 3), "whole_timing": True}]
+        if t.median_ms * t.iterations > wall + 1.0:
+            return None, Refusal(FailureCategory.FORBIDDEN_OP,
+                                 f"the candidate process reported {t.iterations} calls of {t.median_ms:.4g} ms in "
+                                 f"{wall:.3f} ms (rule {RULE_WALL}: reported times must fit the trusted wall clock)")
+        self._last_seed = None
+        return t, None
+
+    def _crash(self, what: str, reply: dict) -> Refusal:
+        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        msg = str(err.get("message", "unknown error"))[:1500]
+        extra = {"cuda_context_broken": True} if err.get("cuda") else {}
+        return Refusal(FailureCategory.CRASH, f"{what}: {msg}", extra)
+
+
+def _all_finite_list(v: Any) -> bool:
+    import math
+
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                       for x in v)
