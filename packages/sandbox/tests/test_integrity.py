@@ -61,9 +61,12 @@ def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
     code = hooked_relu_new(at_import=(
         "import cuda_agent.sandbox.verify as _v\n"
         "_v.compare_outputs = lambda *a, **k: _v.Comparison(ok=True)"), ret="x")
-    v = job(executor, ws, "verify", code)
-    assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP, v.message
-    assert "cuda_agent.sandbox.verify.compare_outputs" in v.message
+    v = job(executor, ws, "verify", code)  # the static checks refuse importing the harness
+    assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP and "static.guard-tampering" in v.message, v.message
+    # without them the comparison in the candidate's process is not the one that judges it:
+    # the wrong kernel fails (the replacement is also named by the integrity check)
+    v = job(executor, ws, "verify", code, static_checks=[])
+    assert not v.ok and v.failure in (FailureCategory.WRONG_RESULT, FailureCategory.FORBIDDEN_OP), v.message
 
 
 def test_replaced_profiler_method_is_refused(executor, ws):

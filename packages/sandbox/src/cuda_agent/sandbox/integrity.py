@@ -1,19 +1,23 @@
-"""Candidate code may not change the harness it is judged by.
+"""Candidate code may not change the harness it is judged by (defence in depth).
 
-``model_new.py`` runs in the same process as verification and timing, so at import time or
-inside ``forward`` it could replace a timer (``time.perf_counter``,
-``torch.cuda.Event.elapsed_time``), a comparison (``compare_outputs``) or a torch function
-the harness uses, and be judged by its own rules. :func:`snapshot` records every callable
-of the modules and classes the harness relies on, before candidate code is imported;
-:func:`tampered` lists what was replaced or removed since. Attributes added
-later (lazily imported torch submodules, loaded extensions) do not count, and neither do
-changed non-callable values (torch's own state flags change as CUDA initialises).
+Verdicts do not depend on this module: inputs, the reference and every comparison live in
+the trusted process (:mod:`.judge`), and timing runs in compiled code. It adds refusals in
+the candidate process, where ``model_new.py`` could replace a timer, a torch function or a
+harness function at import time or inside ``forward``. :func:`snapshot` records, before
+candidate code is imported, every callable of the modules and classes the harness relies
+on -- every loaded ``cuda_agent`` module among them, this one included -- and for Python
+functions their code object, defaults and keyword defaults, so that an in-place swap of
+``__code__`` shows as well as a replaced name. :func:`tampered` lists what was replaced,
+removed or rewritten since. Attributes added later (lazily imported torch submodules,
+loaded extensions) do not count, and neither do changed non-callable values (torch's own
+state flags change as CUDA initialises).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import types
 from typing import Any
 
 RULE = "rule no-tampering: candidate code may not replace functions of torch, Python's timers or the harness"
@@ -36,9 +40,16 @@ CLASSES = (
 )
 
 
+def _modules() -> list[str]:
+    """The guarded modules: :data:`MODULES` and every loaded module of the harness."""
+    loaded = sorted(n for n, m in list(sys.modules.items())
+                    if m is not None and (n == "cuda_agent" or n.startswith("cuda_agent.")))
+    return list(dict.fromkeys([*MODULES, *loaded]))
+
+
 def _targets() -> list[tuple[str, dict]]:
     out = []
-    for name in MODULES:
+    for name in _modules():
         mod = sys.modules.get(name)
         if mod is None:
             try:
@@ -58,6 +69,24 @@ def _targets() -> list[tuple[str, dict]]:
     return out
 
 
+def _inner(value: Any) -> Any:
+    """The Python function behind a value (methods, static/class methods, properties' getters)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    return value if isinstance(value, types.FunctionType) else None
+
+
+def _body(value: Any) -> tuple | None:
+    """What a Python function runs: its code object, defaults and keyword defaults."""
+    fn = _inner(value)
+    if fn is None:
+        return None
+    kw = fn.__kwdefaults__
+    return (fn.__code__, fn.__defaults__, tuple(sorted(kw.items())) if kw else None)
+
+
 def _resolved(cls: type) -> dict:
     """What each attribute name of ``cls`` resolves to through its MRO (without calling
     descriptors): assigning ``Tensor.allclose`` shadows the inherited method, which a look
@@ -74,8 +103,9 @@ SETTLE_FIRST = ("torch._dynamo",)
 
 
 def snapshot() -> dict[tuple[str, str], Any]:
-    """``(owner, attribute) -> object`` for every callable of the guarded modules and classes
-    (the objects themselves are kept, so an identity can never be reused by a replacement)."""
+    """``(owner, attribute) -> (object, what it runs)`` for every callable of the guarded
+    modules and classes (the objects themselves are kept, so an identity can never be reused
+    by a replacement)."""
     if "torch" in sys.modules:
         for name in SETTLE_FIRST:
             try:
@@ -86,7 +116,7 @@ def snapshot() -> dict[tuple[str, str], Any]:
     for owner, ns in _targets():
         for attr, value in list(ns.items()):
             if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
-                snap[(owner, attr)] = value
+                snap[(owner, attr)] = (value, _body(value))
     return snap
 
 
@@ -94,12 +124,15 @@ def tampered(snap: dict[tuple[str, str], Any]) -> list[str]:
     """Names (``owner.attribute``) replaced or removed since ``snap`` was taken."""
     spaces = dict(_targets())
     changed = []
-    for (owner, attr), original in snap.items():
+    for (owner, attr), (original, body) in snap.items():
         ns = spaces.get(owner)
         if ns is None:
             continue
-        if ns.get(attr, _MISSING) is not original:
+        now = ns.get(attr, _MISSING)
+        if now is not original:
             changed.append(f"{owner}.{attr}")
+        elif body is not None and _body(now) != body:
+            changed.append(f"{owner}.{attr} (code or defaults rewritten in place)")
     return changed
 
 

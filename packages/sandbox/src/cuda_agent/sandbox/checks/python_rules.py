@@ -7,21 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import StaticCheck
+from .names import OWN, Resolver, dotted, literal_text
 
 REFERENCE_MODULES = frozenset({"model"})  # the task's model.py
 DYNAMIC_CODE = frozenset({"exec", "eval", "compile", "__import__", "execfile"})
 DYNAMIC_MODULES = frozenset({"importlib", "runpy", "imp", "pkgutil", "zipimport"})
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
 
 
 class ReferenceModelCheck(StaticCheck):
@@ -34,6 +24,7 @@ class ReferenceModelCheck(StaticCheck):
         label, tree, _ = self.python_tree(Path(workspace), candidate)
         if tree is None:
             return []
+        names = Resolver(tree)
         out = []
         for node in ast.walk(tree):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
@@ -53,21 +44,25 @@ class ReferenceModelCheck(StaticCheck):
                 for a in node.names:
                     if a.name == "Model":
                         out.append(self.violation(where, "imports the reference class Model"))
-            elif isinstance(node, ast.Name) and node.id == "Model":
+            elif isinstance(node, ast.Name) and node.id == "Model" and names.resolve(node) != {OWN} \
+                    or isinstance(node, ast.Name) and node.id == "Model" and "Model" not in names.bindings:
                 out.append(self.violation(where, "refers to the reference class Model"))
-            elif isinstance(node, ast.Attribute) and node.attr == "Model":
-                out.append(self.violation(where, f"refers to {_dotted(node) or 'Model'}"))
-            elif isinstance(node, ast.Call):
-                fn = _dotted(node.func)
-                if fn.split(".")[-1] in DYNAMIC_CODE and fn.split(".")[0] in ("", fn.split(".")[-1], "builtins"):
-                    out.append(self.violation(where, f"calls {fn}() (dynamic code)"))
-                if fn in ("open", "io.open", "pathlib.Path.read_text") and node.args:
-                    a0 = node.args[0]
-                    if isinstance(a0, ast.Constant) and isinstance(a0.value, str) and a0.value.endswith("model.py"):
+            elif isinstance(node, (ast.Name, ast.Attribute)):
+                for q in names.qualified(node):
+                    if q.split(".")[0] in REFERENCE_MODULES:
+                        out.append(self.violation(where, f"refers to {q} of the reference module"))
+                    elif q.startswith("builtins.") and q.split(".")[1] in DYNAMIC_CODE:
+                        out.append(self.violation(where, f"uses {q.split('.')[1]}() (dynamic code)"))
+            if isinstance(node, ast.Call):
+                fn = dotted(node.func)
+                quals = names.qualified(node.func)
+                if (any(q in ("builtins.open", "io.open") for q in quals) or fn.endswith("read_text")) and node.args:
+                    path = literal_text(node.args[0])
+                    if path is not None and path.endswith("model.py"):
                         out.append(self.violation(where, "reads model.py"))
                 if fn.endswith("spec_from_file_location") or fn.endswith("load_source"):
                     out.append(self.violation(where, f"calls {fn}() (dynamic import)"))
-        return out
+        return _dedupe(out)
 
 
 class FallbackCheck(StaticCheck):
@@ -86,38 +81,55 @@ class FallbackCheck(StaticCheck):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, try_types) and node.handlers:
                 out.append(self.violation(where, "try/except around code of the candidate"))
-            elif isinstance(node, ast.Call) and _dotted(node.func).endswith("suppress"):
+            elif isinstance(node, ast.Call) and dotted(node.func).endswith("suppress"):
                 out.append(self.violation(where, "contextlib.suppress swallows failures"))
         return out
 
 
-# names whose use lets a candidate switch the run-time guard off or read the harness's state
+# qualified names whose use lets a candidate switch the run-time guard off or read the
+# harness's state (anything under them counts)
 TAMPER_ATTRS = frozenset(
     {
         "torch._C", "torch.overrides", "torch.utils._python_dispatch", "torch.library",
         "torch._ops", "torch._dynamo", "torch.ops.load_library", "torch._library",
         "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.meta_path",
-        "sys.path_hooks", "os.environ", "torch.use_deterministic_algorithms",
+        "sys.path_hooks", "sys.addaudithook", "os.environ", "torch.use_deterministic_algorithms",
         "torch.backends.cuda.matmul", "torch.backends.cudnn", "torch.set_float32_matmul_precision",
-        "torch.utils.deterministic",
+        "torch.utils.deterministic", "ctypes.memmove", "ctypes.memset", "ctypes.cast", "ctypes.string_at",
+        "ctypes.wstring_at", "ctypes.addressof", "ctypes.pythonapi", "ctypes.PyDLL", "ctypes.pydll",
+        "ctypes.py_object", "operator.attrgetter", "operator.methodcaller", "builtins.globals",
+        "builtins.vars", "builtins.locals", "builtins.breakpoint", "builtins.__import__",
+        "builtins.delattr", "types.FunctionType", "types.CodeType",
     }
 )
-TAMPER_MODULES = frozenset({"inspect", "gc", "builtins", "traceback", "threading", "multiprocessing", "signal", "atexit"})
-TAMPER_NAMES = frozenset(
+# modules a candidate has no use for that reach the interpreter, other threads, signals or
+# the harness itself (``cuda_agent``; the workspace's ``cuda_agent_runtime`` is its own)
+TAMPER_MODULES = frozenset({"inspect", "gc", "builtins", "traceback", "threading", "multiprocessing", "signal",
+                            "atexit", "cuda_agent", "_thread", "faulthandler", "tracemalloc", "dis", "code",
+                            "codeop", "marshal", "pickle", "copyreg", "weakref"})
+# attributes of the interpreter's internals: functions' code and globals, frames, classes' graphs
+INTERNAL_ATTRS = frozenset(
     {
-        "__torch_function__", "__torch_dispatch__", "TorchFunctionMode", "TorchDispatchMode",
-        "_disable_torch_function", "DisableTorchFunction", "DisableTorchFunctionSubclass",
-        "_DisableTorchDispatch", "custom_op", "register_fake", "_getframe", "f_back", "f_locals",
-        "f_globals", "__builtins__", "globals", "__globals__", "__code__",
+        "__code__", "__defaults__", "__kwdefaults__", "__globals__", "__closure__", "__dict__",
+        "__builtins__", "__subclasses__", "__bases__", "__base__", "__mro__", "__getattribute__",
+        "f_back", "f_locals", "f_globals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
+        "ag_frame", "from_address", "__torch_function__", "__torch_dispatch__", "__self__", "__func__",
+        "__traceback__",
     }
 )
+# methods that replace the run-time guard when a class defines them
+TAMPER_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
+# objects a candidate may set attributes on by a computed name: its own
+_SELF = ("self", "cls")
 
 
 class GuardTamperingCheck(StaticCheck):
     name = "no_guard_tampering"
     rule = "static.guard-tampering"
     why = "the candidate may not reach into torch internals, the harness or the precision flags"
-    description = "Refuses torch internals (torch._C, modes, torch.library), frame/gc introspection and flag changes."
+    description = ("Refuses, by what names refer to: torch internals (torch._C, modes, torch.library), frame, gc "
+                   "and code-object introspection, computed attribute access, ctypes memory access, replacing "
+                   "attributes of modules and classes it did not define, and flag changes.")
 
     @dataclass
     class Options:
@@ -128,7 +140,13 @@ class GuardTamperingCheck(StaticCheck):
         if tree is None:
             return []
         allow = set(self.options.allow)
+        names = Resolver(tree)
         out = []
+
+        def hit(q: str) -> bool:  # builtins are judged one by one (TAMPER_ATTRS), not as a module
+            root = q.split(".")[0]
+            return _hits(q, allow) or (root != "builtins" and root in TAMPER_MODULES - allow)
+
         for node in ast.walk(tree):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
@@ -139,25 +157,54 @@ class GuardTamperingCheck(StaticCheck):
                 full = [f"{node.module}.{a.name}" for a in node.names]
                 if node.module.split(".")[0] in TAMPER_MODULES - allow or any(_hits(f, allow) for f in [node.module, *full]):
                     out.append(self.violation(where, f"imports from {node.module!r}"))
-                for a in node.names:
-                    if a.name in TAMPER_NAMES - allow:
-                        out.append(self.violation(where, f"imports {a.name!r}"))
-            elif isinstance(node, ast.Attribute):
-                d = _dotted(node)
-                if d and _hits(d, allow):
-                    out.append(self.violation(where, f"uses {d}"))
-                elif node.attr in TAMPER_NAMES - allow:
-                    out.append(self.violation(where, f"uses .{node.attr}"))
-            elif isinstance(node, ast.Name) and node.id in TAMPER_NAMES - allow:
-                out.append(self.violation(where, f"uses {node.id}"))
-            elif isinstance(node, ast.FunctionDef) and node.name in TAMPER_NAMES - allow:
+            elif isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRS - allow:
+                out.append(self.violation(where, f"uses .{node.attr} (interpreter internals)"))
+            elif isinstance(node, (ast.Name, ast.Attribute)):
+                bad = sorted(q for q in names.qualified(node) if hit(q))
+                if bad:
+                    out.append(self.violation(where, f"uses {bad[0]}"))
+                elif isinstance(node, ast.Name) and node.id == "__builtins__":
+                    out.append(self.violation(where, "uses __builtins__"))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in TAMPER_METHODS - allow:
                 out.append(self.violation(where, f"defines {node.name}"))
+            if isinstance(node, ast.Call):
+                out.extend(self._call(node, names, where, allow))
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute):
+                        foreign = sorted(names.qualified(t.value))
+                        if foreign:
+                            out.append(self.violation(where, f"replaces {foreign[0]}.{t.attr} (an attribute of "
+                                                             f"something the candidate did not define)"))
         return _dedupe(out)
 
+    def _call(self, node: ast.Call, names: Resolver, where: str, allow: set) -> list[str]:
+        out = []
+        for fn, arity in (("getattr", 2), ("setattr", 3), ("hasattr", 2)):
+            if names.is_builtin(node.func, fn) and len(node.args) >= 2:
+                target = node.args[0]
+                own_target = isinstance(target, ast.Name) and target.id in _SELF and names.is_own(target)
+                attr = literal_text(node.args[1])
+                if attr is None and not own_target:
+                    out.append(self.violation(where, f"{fn}() with a computed attribute name on something other "
+                                                     f"than self (write the attribute out)"))
+                elif attr is not None and attr in INTERNAL_ATTRS - allow:
+                    out.append(self.violation(where, f"{fn}(..., {attr!r}) (interpreter internals)"))
+                elif fn == "setattr" and not own_target:
+                    foreign = sorted(names.qualified(target))
+                    if foreign or attr is None:
+                        out.append(self.violation(where, f"setattr() on {foreign[0] if foreign else 'a computed object'}"))
+        if any(q in ("builtins.open", "io.open", "os.open") for q in names.qualified(node.func)) and node.args:
+            path = literal_text(node.args[0])
+            if path is not None and path.startswith("/proc"):
+                out.append(self.violation(where, f"opens {path} (other processes and this one's memory)"))
+        return out
 
-def _hits(dotted: str, allow: set) -> bool:
+
+def _hits(dotted_name: str, allow: set) -> bool:
     for t in TAMPER_ATTRS - allow:
-        if dotted == t or dotted.startswith(t + "."):
+        if dotted_name == t or dotted_name.startswith(t + "."):
             return True
     return False
 
