@@ -43,6 +43,7 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "bench_compile": ([], 240, "issue 3: compile time, paper method vs cached/incremental builds", 1),
     "reward_checks": ([], 330, "issue 4: pool recovery and reward verdicts on real kernels", 1),
     "privdrop_check": ([], 150, "candidate jobs run without root; CUDA and the baseline cache still work", 1),
+    "judge_checks": ([], 420, "issue 17: attacks on the judge refused or timed like the honest kernel", 1),
     "bench_reward": ([], 420, "issue 4: one reward end to end vs the paper's scripts", 1),
     "repro_timing": ([], 560, "issue 4: timing reproducibility over KernelBench L1", 1),
     "cpu_baselines": ([], 120, "CPU backend baselines on a many-core host", 1),
