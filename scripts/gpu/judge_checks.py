@@ -88,6 +88,15 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
+    from cuda_agent.sandbox.judge import identity
+
+    for pidns in (True, False):
+        import subprocess
+
+        proc, how = identity.spawn([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                                   pidns=pidns, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = proc.communicate(timeout=120)[0].strip().splitlines()
+        print(f"probe: CUDA in {how}: {out[-1][:200] if out else '?'}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="judge-checks-"))
     ws = create_workspace(Task(id="relu_8k", source="check", code=TASK), tmp / "ws", backend="cuda",
                           compiler="cpp_extension")
@@ -125,7 +134,8 @@ def main() -> int:
     honest += [run("honest", "profile", candidate()) for _ in range(3)]
     base = [r["ms"] for r in honest if r["ms"]]
     for a in attacks.ALL:
-        run(a.name, a.kind, candidate(a.at_import, a.in_forward, a.ret), a.what, **a.options())
+        run(a.name, a.kind, candidate(a.at_import, a.in_forward, a.ret), a.what,
+            **a.options())
     marker = uuid.uuid4().hex
     leak = textwrap.dedent(f'''
         import subprocess, sys

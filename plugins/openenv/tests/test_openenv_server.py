@@ -106,3 +106,17 @@ def test_bad_actions_get_clear_errors(server):
     assert err.value.code == 422 and "argumnts" in err.value.read().decode()
     schema = json.loads(urllib.request.urlopen(url + "/schema", timeout=30).read())
     assert "tool_calls" in json.dumps(schema["action"])
+
+
+def test_the_entry_point_loads_without_openenv_core():
+    # the plugin manager imports every plugin's entry point: one whose framework is not
+    # installed must not stop the other commands
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['openenv'] = None\n"
+            "import cuda_agent_openenv.plugin\n"
+            "from cuda_agent.core.plugins import PluginManager\n"
+            "PluginManager()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

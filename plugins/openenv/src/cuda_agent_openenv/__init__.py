@@ -6,12 +6,26 @@
 * :class:`CudaAction` (one model turn), :class:`CudaObservation`, :class:`CudaState`.
 """
 
-from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+from typing import Any
 
-from .client import CudaEnvClient
-from .environment import CudaOpenEnv
-from .models import CudaAction, CudaObservation, CudaState, ToolCallSpec, ToolOutput
-from .server import create_app, serve
+# imported on first use: the plugin's entry point (``.plugin``) loads without openenv-core,
+# so a machine without it still starts every other command
+_EXPORTS = {
+    "CudaEnvClient": ".client", "CudaOpenEnv": ".environment", "CudaAction": ".models",
+    "CudaObservation": ".models", "CudaState": ".models", "ToolCallSpec": ".models", "ToolOutput": ".models",
+    "create_app": ".server", "serve": ".server",
+    "EpisodeFactory": "cuda_agent.sandbox.episodes", "EpisodeOptions": "cuda_agent.sandbox.episodes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        mod = _EXPORTS[name]
+        return getattr(importlib.import_module(mod, __name__) if mod.startswith(".") else importlib.import_module(mod), name)
+    raise AttributeError(name)
+
 
 __version__ = "0.1.0"
 

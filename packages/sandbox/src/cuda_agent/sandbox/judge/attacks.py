@@ -29,7 +29,8 @@ class Attack:
     what: str = ""
 
     def options(self) -> dict:
-        return {} if self.static else {"static_checks": []}
+        """The job's options (the static checks belong to verification; profiling has none)."""
+        return {} if self.static or self.kind != "verify" else {"static_checks": []}
 
 
 def _dedent(text: str) -> str:

@@ -355,12 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         from . import native, rotation, tensors  # noqa: F401
 
         native.timing()
-        if torch.device(st.device).type == "cuda":
-            torch.cuda.set_device(torch.device(st.device))
-            torch.zeros(1, device=st.device)
+        dev = torch.device(st.device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev.index if dev.index is not None else 0)
+            torch.zeros(1, device=dev)
             native.timing_for_cuda()
     except Exception as exc:  # noqa: BLE001 - reported to the trusted side
-        ready = {"op": "failed", "error": _error(exc)}
+        ready = {"op": "failed", "error": {**_error(exc), "cuda_init": "cuda" in str(exc).lower()}}
     wire.send(sock, ready)
     if ready["op"] != "ready":
         return 1

@@ -47,6 +47,11 @@ class CandidateProcess:
         self.closed = False
         self.swept = 0
         self._log = tempfile.NamedTemporaryFile(prefix="cuda-agent-candidate-", suffix=".log", delete=False)
+        self._ready: dict | None = None
+        self._start_timeout = start_timeout
+        self._spawn(identity.pidns_wanted(self.device))
+
+    def _spawn(self, pidns: bool) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         cfg = {"fd": theirs.fileno(), "device": self.device}
@@ -55,14 +60,13 @@ class CandidateProcess:
         env.pop("CUDA_AGENT_JOB_PROCESS", None)
         try:
             self.proc, how = identity.spawn(
-                [sys.executable, "-m", "cuda_agent.sandbox.judge.candidate", json.dumps(cfg)],
+                [sys.executable, "-m", "cuda_agent.sandbox.judge.candidate", json.dumps(cfg)], pidns=pidns,
                 stdin=_devnull(), stdout=self._log, stderr=self._log, pass_fds=(theirs.fileno(),),
                 close_fds=True, env=env)
         finally:
             theirs.close()
         self.isolation["pid_namespace"] = how
-        self._ready: dict | None = None
-        self._start_timeout = start_timeout
+        self._pidns = how == "own PID namespace"
 
     # -- the process ----------------------------------------------------------------
 
@@ -71,6 +75,17 @@ class CandidateProcess:
             return
         msg, fds = self._recv(self._start_timeout, "start")
         _close(fds)
+        if msg.get("op") != "ready" and self._pidns and (msg.get("error") or {}).get("cuda_init"):
+            # the GPU's driver does not start CUDA in a PID namespace of its own here: the
+            # host's namespace from now on (the sweep of the job's user still ends its processes)
+            why = str((msg.get("error") or {}).get("message", ""))[:200]
+            identity.pidns_refused(self.device, why)
+            self.kill()
+            self.sock.close()
+            self._spawn(False)
+            self.isolation["pid_namespace"] = f"host PID namespace (CUDA does not start in one of its own here: {why})"
+            msg, fds = self._recv(self._start_timeout, "start")
+            _close(fds)
         if msg.get("op") != "ready":
             err = (msg.get("error") or {}).get("message", "")
             self.close()

@@ -125,6 +125,26 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _pidns_marker(device: str) -> Path:
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    return lock_dir() / f"pidns-refused-{kind}-{os.uname().release}"
+
+
+def pidns_wanted(device: str) -> bool:
+    """Start candidate processes for ``device`` in a PID namespace of their own? Not where
+    that was seen to stop CUDA from starting on this host (:func:`pidns_refused`)."""
+    return not _pidns_marker(device).exists()
+
+
+def pidns_refused(device: str, why: str) -> None:
+    """Remember, for this host and kernel, that CUDA did not start in a PID namespace."""
+    try:
+        lock_dir().mkdir(parents=True, exist_ok=True)
+        _pidns_marker(device).write_text(why[:500] + "\n")
+    except OSError:
+        pass
+
+
 def spawn(argv: list[str], pidns: bool = True, **popen: Any) -> tuple[subprocess.Popen, str]:
     """Start ``argv`` (as the first process of a new PID namespace when ``pidns`` and root).
     Returns the process and how it was isolated ("own PID namespace" or why not)."""

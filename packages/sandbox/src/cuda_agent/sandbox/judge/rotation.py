@@ -2,7 +2,7 @@
 
 * Inputs change between timed calls (untimed): call ``j`` of a timing runs on input set
   ``j % k`` rewritten from its pristine copy as ``pristine * factor(seed, j)``. The factor
-  alternates sign on every visit of a set and takes one of eight magnitudes, picked by the
+  alternates sign on every visit of a set and takes one of eight magnitudes (1 to 1.44), picked by the
   seed the trusted side sends with the loop: no result of an earlier call is right for
   the next one, and no call's inputs are known before the loop starts.
 * After each timed call (untimed) the candidate process adds up the squares of its output
@@ -32,7 +32,9 @@ def _mix(x: int) -> int:
 
 def factor(seed: int, j: int, k: int) -> float:
     """The factor of call ``j``'s inputs (``k`` input sets): exact in every float format."""
-    magnitude = 1.0 + (_mix((seed & _MASK) ^ _mix(j)) % 8) / 128.0
+    # eight magnitudes 1 .. 1.4375, far enough apart that sums of squares of outputs on two
+    # of them differ by more than any tolerance of 1e-2 lets an output move
+    magnitude = 1.0 + (_mix((seed & _MASK) ^ _mix(j)) % 8) / 16.0
     return -magnitude if (j // max(1, k)) % 2 else magnitude
 
 

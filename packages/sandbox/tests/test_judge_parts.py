@@ -1,0 +1,129 @@
+"""The judge's parts one by one: what crosses from the candidate process is checked, inputs
+rotate unpredictably, checksums tell outputs apart, the judged files are copied without
+following links, and a job user's processes are swept."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.sandbox.judge import identity, rotation, snapshot, tensors, wire  # noqa: E402
+
+
+def test_wire_carries_json_and_descriptors_and_refuses_the_rest():
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        wire.send(a, {"op": "x", "n": 3}, [r])
+        msg, fds = wire.recv(b, timeout=5)
+        assert msg == {"op": "x", "n": 3} and len(fds) == 1
+        os.write(w, b"ok")
+        assert os.read(fds[0], 2) == b"ok"
+        os.close(fds[0])
+        a.sendall(b"\x00\x00\x00\x05[1,2]")  # JSON, but not an object
+        with pytest.raises(wire.WireError, match="not a JSON object"):
+            wire.recv(b, timeout=5)
+        a.sendall(b"\xff\xff\xff\xff")  # larger than any message may be
+        with pytest.raises(wire.WireError, match="bytes"):
+            wire.recv(b, timeout=5)
+        with pytest.raises(wire.WireError) as e:
+            wire.recv(b, timeout=0.2)
+        assert e.value.reason == "timeout"
+        assert wire.floats({"s": [1, 2.5]}, "s", 2) == [1.0, 2.5]
+        for bad in ([1, float("nan")], [1, True], "1,2", [1]):
+            with pytest.raises(wire.WireError):
+                wire.floats({"s": bad}, "s", 2)
+    finally:
+        a.close()
+        b.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_outputs_come_back_as_sealed_copies_and_bad_descriptions_are_refused():
+    out = (torch.randn(3, 5), {"k": torch.arange(4)}, 2.5, None)
+    ex = tensors.Exporter()
+    spec = ex.describe(out)
+    got = tensors.rebuild(spec, ex.fds, "cpu")
+    assert torch.equal(got[0], out[0]) and torch.equal(got[1]["k"], out[1]["k"]) and got[2:] == (2.5, None)
+    assert isinstance(got, tuple)
+    t = spec["items"][0]
+    for change, match in (({"dtype": "object"}, "dtype"), ({"shape": [3, 6]}, "size"), ({"fd": 9}, "descriptor"),
+                          ({"via": "cuda_ipc"}, "not possible")):
+        with pytest.raises(tensors.WireError, match=match):
+            tensors.rebuild({**t, **change}, ex.fds, "cpu")
+    ex.release()
+    # a buffer the candidate could still write to is not read
+    fd = os.memfd_create("unsealed", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 60)
+    with pytest.raises(tensors.WireError, match="not sealed"):
+        tensors.rebuild({**t, "fd": 0}, [fd], "cpu")
+    with mmap.mmap(fd, 60):
+        pass
+    os.close(fd)
+
+
+def test_inputs_rotate_unpredictably_and_exactly():
+    k = 2
+    fs = [rotation.factor(7, j, k) for j in range(64)]
+    assert all(abs(f) in {1 + r / 16 for r in range(8)} for f in fs)
+    assert all((fs[j] > 0) != (fs[j + k] > 0) for j in range(62))  # every visit of a set changes sign
+    assert fs != [rotation.factor(8, j, k) for j in range(64)]  # another seed, other inputs
+    x = [torch.randn(4, 4, dtype=torch.bfloat16), torch.tensor([1, 2])]
+    work = [v.clone() for v in x]
+    rotation.apply(x, work, fs[3])
+    assert torch.equal(work[0], rotation.inputs_at(x, fs[3])[0]) and torch.equal(work[1], x[1])
+
+
+def test_checksums_accept_outputs_within_the_tolerance_and_refuse_others():
+    ref = torch.relu(torch.randn(1000, 300))
+    want, slack = rotation.checksum_bounds(ref, 1e-2, 1e-2)
+    near = ref + (1e-2 + 1e-2 * ref.abs()) * (torch.rand_like(ref) * 2 - 1) * 0.99
+    assert abs(rotation.checksum(near) - want) <= slack
+    for wrong in (torch.zeros_like(ref), ref * (1 + 1 / 16), torch.relu(torch.randn(1000, 300)) * 1.3):
+        assert abs(rotation.checksum(wrong) - want) > slack
+    assert rotation.checksum((ref, [ref])) == pytest.approx(2 * rotation.checksum(ref), rel=1e-6)
+
+
+def test_snapshots_copy_regular_files_and_refuse_links(tmp_path):
+    src = tmp_path / "ws"
+    (src / "kernels").mkdir(parents=True)
+    (src / "model_new.py").write_text("x = 1\n")
+    (src / "kernels" / "k.cu").write_text("// k\n")
+    secret = tmp_path / "secret"
+    secret.write_text("hash")
+    (src / "kernels" / "leak.cu").symlink_to(secret)
+    (src / "model.py").symlink_to(secret)
+    snap = snapshot.take(src, ["model_new.py", "model.py", "missing.py"], ("kernels",))
+    try:
+        assert (snap.root / "model_new.py").read_text() == "x = 1\n" and (snap.root / "kernels" / "k.cu").exists()
+        assert not (snap.root / "model.py").exists() and not (snap.root / "kernels" / "leak.cu").exists()
+        assert "model.py" in snap.refused and "missing.py" not in snap.refused
+        assert all("hash" not in p.read_text() for p in snap.root.rglob("*") if p.is_file())
+    finally:
+        snap.remove()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sweeping another user's processes needs root")
+def test_a_job_users_processes_are_swept_also_in_new_sessions():
+    uid = identity.JOB_UID_BASE - 20  # not a job's id: this test's own
+    proc = subprocess.Popen(["sh", "-c", "setsid sleep 300 & sleep 300"], user=uid, group=uid, cwd="/")
+    try:
+        for _ in range(100):
+            if len(identity.processes_of(uid)) >= 2:
+                break
+            __import__("time").sleep(0.05)
+        assert len(identity.processes_of(uid)) >= 2
+        assert identity.cpu_seconds(uid=uid)[1] >= 2
+        assert identity.sweep(uid) >= 2
+        proc.wait(timeout=10)
+        assert [p for p in identity.processes_of(uid) if not identity._zombie(p)] == []
+    finally:
+        proc.kill()
