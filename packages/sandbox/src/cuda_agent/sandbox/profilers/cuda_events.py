@@ -388,10 +388,17 @@ class CudaEventsProfiler(Profiler):
         for args in input_sets:
             g = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(g):
-                    outputs.append(fn(*args))
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    with torch.cuda.graph(g):
+                        outputs.append(fn(*args))
             except Exception as exc:
                 raise ProfilerError(f"cuda_events: CUDA-graph capture failed ({type(exc).__name__}: {exc}); time without cuda_graph") from exc
+            if any("graph is empty" in str(w.message).lower() for w in said):
+                # the call's kernels went to another stream (the legacy default one): replays
+                # would run nothing; such a call is timed without graphs
+                raise ProfilerError("cuda_events: the captured CUDA graph is empty (the call launches its kernels on "
+                                    "another stream than torch's current one); timed without cuda_graph")
             graphs.append(g)
         torch.cuda.synchronize(dev)
         return graphs, outputs
