@@ -131,7 +131,7 @@ def main() -> int:
         return row
 
     honest = [run("honest", "verify", candidate())]
-    honest += [run("honest", "profile", candidate()) for _ in range(3)]
+    honest += [run("honest", "profile", candidate()) for _ in range(2)]
     base = [r["ms"] for r in honest if r["ms"]]
     for a in attacks.ALL:
         run(a.name, a.kind, candidate(a.at_import, a.in_forward, a.ret), a.what,
