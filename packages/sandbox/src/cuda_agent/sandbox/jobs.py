@@ -306,7 +306,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 if eager is not None and eager.mode_reason:
                     meta["timing_mode_reason"] = eager.mode_reason
             try:
-                timer.measure_overhead(cand_prof)
+                timer.measure_overhead(profiler)  # plain mode: no graph of a call that does nothing
                 failed = session.load(o.baseline_seed, True, o.precision)
                 if failed is not None:
                     return refused(failed)
