@@ -128,6 +128,12 @@ def main() -> int:
         rows.append(row)
         print(f"{name:20s} {kind:8s} ok={r.ok!s:5s} {row['rule'] or row['failure']:22s} "
               f"{(row['ms'] or 0):.4f} ms  {row['job_s']:.1f} s  {r.message[:120]}", flush=True)
+        for loop in row["loops"] or []:  # the trusted side's clock against what was reported
+            print(f"    loop: {loop}", flush=True)
+        if r.metadata.get("loop_overhead_ms"):
+            print(f"    loop's own work: {r.metadata['loop_overhead_ms']}", flush=True)
+        if os.environ.get("OUT"):  # after every row: a run cut short keeps what it measured
+            Path(os.environ["OUT"], "judge_checks.json").write_text(json.dumps(rows, indent=1, default=str))
         return row
 
     honest = [run("honest", "verify", candidate())]
@@ -177,8 +183,6 @@ def main() -> int:
                                                              "steal_reference", "harness_import") and r["ok"]]
     print(f"attacks accepted that must be refused: {bad or 'none'}; timed attacks within 5% of honest: {within}; "
           f"processes left by the leak: {leak_row['survivors']}")
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "judge_checks.json").write_text(json.dumps(rows, indent=1, default=str))
     return 0 if not bad and within and leak_row["survivors"] == 0 else 1
 
 

@@ -33,8 +33,11 @@ from cuda_agent.core.types import FailureCategory, Timing
 from . import rotation
 from .session import Refusal
 
-WALL_SLACK_RATIO = 0.25  # of the reported time, and of the loop's own work (whose estimate is noisy)
-WALL_SLACK_MS = 10.0
+# unaccounted wall time allowed on a GPU: a share of the reported time and of the loop's own
+# work (whose estimate, measured on the trusted side, varies by a few percent), plus a constant
+WALL_SLACK_RATIO = 0.1
+WALL_SLACK_MS = 5.0
+OWN_CALLS = 200  # calls of the null loop measured once the candidate's loop length is known
 CPU_SLACK_RATIO = 1.25  # of the reported time per thread
 CPU_SLACK_MS = 20.0
 CHECKED_CALLS = 5
@@ -183,7 +186,7 @@ class CandidateTimer:
 
     _profiler: Any = None
 
-    def measure_overhead(self, profiler: Any, keep: Any = None) -> None:
+    def measure_overhead(self, profiler: Any, keep: Any = None, calls: int = NULL_CALLS) -> None:
         """The loop's own cost, measured here (``keep``: ``min`` or ``max``, how a new
         measurement is combined with the one before). It is measured before the candidate is
         loaded and again once it is warm, keeping the smaller (another process starting on
@@ -197,7 +200,7 @@ class CandidateTimer:
         self._profiler = profiler
         ref_out = self.reference_at(0, 0)
         with hostlock.timing():
-            new = loop_overhead_ms(profiler, self.pristine(0), ref_out, self.device)
+            new = loop_overhead_ms(profiler, self.pristine(0), ref_out, self.device, max(calls, NULL_CALLS))
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
         self.overhead = new
@@ -221,14 +224,14 @@ class CandidateTimer:
         if not warm.get("two_phase"):
             return self._whole(profiler)
         prof = profiler.steadier() if graph and hasattr(profiler, "steadier") else profiler
-        if self._profiler is not None:
-            self.measure_overhead(self._profiler, keep=min)
         try:
             estimate = float(warm.get("estimate_ms", 0.0))
             warmup_ms = float(warm.get("warmup_ms", 0.0))
         except (TypeError, ValueError):
             return None, Refusal(FailureCategory.CRASH, "the candidate process sent a malformed warm-up")
         n = prof.iterations(max(estimate, 0.0))
+        if self._profiler is not None:  # again, now that the loop's length is known
+            self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
         method = prof.method_name()
         best: Timing | None = None
         made = 0
