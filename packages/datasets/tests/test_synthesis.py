@@ -139,7 +139,10 @@ def test_pipeline_end_to_end_resume_and_reload(tmp_path, kb_root):
     assert len(idx) == len(set(idx)) and idx[: len(first)] == [r["index"] for r in first]
     # the output loads as Ops-6K, from jsonl and from parquet
     tasks = list(Ops6KDataset(Ops6KOptions(path=str(out))).tasks())
-    assert len(tasks) == 12 and tasks[0].id == "torch#1" or tasks[0].id == "transformers#1"
+    per_source = Counter(t.id.split("#", 1)[0] for t in tasks)
+    assert len(tasks) == 12 and set(per_source) <= {"torch", "transformers"}
+    # ids count the accepted tasks of each source from 1, in order
+    assert sorted(t.id for t in tasks) == sorted(f"{s}#{i}" for s, n in per_source.items() for i in range(1, n + 1))
     assert all(t.metadata["n_ops"] >= 1 for t in tasks)
     assert len(list(Ops6KDataset(Ops6KOptions(path=str(out / "tasks.parquet"))).tasks())) == 12
     # other settings in the same folder: refused with a one-line error

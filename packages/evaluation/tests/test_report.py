@@ -1,7 +1,6 @@
 import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -163,20 +162,40 @@ def test_html_renders_in_headless_chromium(tmp_path):
     assert probe["tallest"] == "level2/1_Fused"  # 2.0x vs compile: the tallest bar
 
 
-def _png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", head[16:24])
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); CI installs it")
 def test_html_screenshot(tmp_path):
+    """What a reader sees in the first screen: the title, Table 1 with our row tinted, and the
+    speedup histograms with one bar per solution in the colour of its class."""
+    from PIL import Image
+
+    from cuda_agent.evaluation.report import GOOD, NEUTRAL, SLOW
+
     paths = write_reports(make_report(), tmp_path)
     shot = tmp_path / "shot.png"
     res = _chromium(["--window-size=1200,1600", f"--screenshot={shot}", paths["html"].as_uri()], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert _png_size(shot) == (1200, 1600)
-    assert shot.stat().st_size > 20_000  # tables and plots, not a blank page
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1200, 1600)
+    width, height = img.size
+    px = img.load()
+
+    def count(color: str, top: int = 0, bottom: int = height) -> int:
+        want = _rgb(color)
+        return sum(1 for y in range(top, bottom, 2) for x in range(0, width, 2) if px[x, y] == want)
+
+    title_ink = sum(1 for y in range(0, 80) for x in range(0, 400) if sum(px[x, y]) < 200)
+    assert title_ink > 200, "no title drawn at the top of the page"
+    assert count("#e8f5e9", 0, height // 3) > 1000, "our row of Table 1 is not tinted"
+    # histograms of the sample results (L1, L2, L3, overall): 4 bars of solutions faster than
+    # torch.compile by the margin, 2 slower, 2 within the margin; bars of one count are the same size
+    good, slow, neutral = count(GOOD), count(SLOW), count(NEUTRAL)
+    assert slow > 1000, "no histogram bar drawn"
+    assert good == pytest.approx(2 * slow, rel=0.05), (good, slow)
+    assert neutral == pytest.approx(slow, rel=0.05), (neutral, slow)
 
 
 def test_reports_count_tasks_per_timing_mode():

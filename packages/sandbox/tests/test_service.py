@@ -185,7 +185,9 @@ def test_python_api_evaluate_score_and_inline_compile(tmp_path, executor):
         assert "t_candidate_ms" in r.raw and "t_compile_ms" in r.raw
         assert svc.verify().ok  # reused: no new job
         assert "verify" in svc.history[-1]["reused"]
-        assert not svc.history[-1]["reused"] or svc.verify(fresh=True).ok
+        jobs_before = len(svc.history)
+        assert svc.verify(fresh=True).ok
+        assert len(svc.history) == jobs_before + 1 and svc.history[-1]["reused"] == []  # fresh: a new job
     finally:
         svc.close()
 
