@@ -76,7 +76,8 @@ class ProofEnvironments:
         from cuda_agent.trainer.envs.cuda import CudaEnvironmentFactory
 
         self.kind = "cuda"
-        self.cuda = CudaEnvironmentFactory(workdir=str(workdir), evaluate_final=False, profile_best=False)
+        self.cuda = CudaEnvironmentFactory(CudaEnvironmentFactory.Options(
+            workdir=str(workdir), environment={"evaluate_final": False, "profile_best": False}))
         self.cuda.bind(cfg, pm)
         self.workdir = workdir
         self.pm = pm

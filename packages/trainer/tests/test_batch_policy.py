@@ -43,7 +43,7 @@ def test_rollouts_through_agent_loop_record_exact_logprobs(toy_model):
     model = load_causal_lm(toy_model)
     torch.manual_seed(0)
     policy = ActorPolicy(model, tok, max_batch=16, max_new_tokens=4)
-    fac = ToyEnvironmentFactory(num_targets=4)
+    fac = ToyEnvironmentFactory(ToyEnvironmentFactory.Options(num_targets=4))
     tasks = fac.tasks(6, random.Random(0))
     opts = AgentOptions(max_turns=3, context_tokens=256, max_tokens_per_turn=4, min_generation_tokens=4,
                         check_hooks=False)

@@ -2,7 +2,7 @@
 
 Component nodes are mappings ``{name, options}`` found under keys named after a
 component kind (``policy``, ``sandbox``, ``compiler``, ``executor``, ``profiler``,
-``reward``, ``dataset``, ``algorithm``) or inside lists named ``trackers``, ``checks``
+``reward``, ``dataset``, ``algorithm``, ``environment``) or inside lists named ``trackers``, ``checks``
 or ``tools``. Their options are checked against the chosen plugin's schema and filled
 with its defaults.
 
@@ -37,6 +37,7 @@ SLOT_KINDS = {
     "dataset": "dataset",
     "algorithm": "algorithm",
     "tracker": "tracker",
+    "environment": "environment",  # trainer.environment; the top-level environment: section names none
 }
 # list key -> kind of its elements
 LIST_SLOT_KINDS = {"trackers": "tracker", "checks": "correctness_check", "tools": "agent_tool"}

@@ -5,23 +5,51 @@ class they provide. A component class carries ``name`` (str), ``Options`` (a
 dataclass: the schema of its options) and a short ``description``; see
 :mod:`cuda_agent.core.interfaces` for the base classes of each kind.
 
-Lifecycle hooks announce events of a run; trackers and checkpointers implement them.
+Lifecycle hooks announce events of a run. Every command that has the event calls it
+(``train``: all five; ``eval``: run start/end, a trajectory per agent episode and one
+step with the metrics; ``optimize`` and ``demo``: run start/end and the trajectory). The
+run's trackers receive them (:class:`~cuda_agent.core.trackers.TrackerHooks`), and so
+does the trainer's step checkpointing (``on_step_end``).
 
 Every hook spec here is documented in ``docs/plugins.md`` (a test enforces it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import pluggy
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import click
+
+    from .interfaces import Component
+    from .run import Run
+    from .types import Trajectory
 
 PROJECT = "cuda_agent"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-Register = Callable[[type], None]
+Register = Callable[["type[Component]"], None]
+"""What registration hooks receive: call it with each component class."""
+
+RegisterFragment = Callable[[str, "Mapping[str, Any] | str | Path"], None]
+"""``register(source_name, mapping_or_yaml_path)``."""
+
+RegisterSchema = Callable[[str, type], None]
+"""``register(section, options_dataclass)``."""
+
+
+class Stage(Protocol):
+    """What ``on_stage_start`` is told of a training stage (the trainer's ``StageSpec``)."""
+
+    name: str
+    steps: int
+    algorithm: Mapping[str, Any] | str
 
 
 # --- registration hooks -------------------------------------------------------
@@ -83,7 +111,13 @@ def register_trackers(register: Register) -> None:
 
 
 @hookspec
-def register_config_fragments(register: Callable[[str, Any], None]) -> None:
+def register_environments(register: Register) -> None:
+    """Register :class:`~cuda_agent.core.interfaces.EnvironmentFactory` classes: the
+    environments training rolls out in (``trainer.environment``)."""
+
+
+@hookspec
+def register_config_fragments(register: RegisterFragment) -> None:
     """Register config fragments: ``register(source_name, mapping_or_yaml_path)``.
 
     Fragments are merged over the base config, before files named on the command line
@@ -92,7 +126,7 @@ def register_config_fragments(register: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
-def register_config_schemas(register: Callable[[str, type], None]) -> None:
+def register_config_schemas(register: RegisterSchema) -> None:
     """Register the options dataclass that types a config section: ``register("agent",
     AgentOptions)``; ``name[]`` stands for every element of a list (``trainer.stages[]``).
 
@@ -102,7 +136,7 @@ def register_config_schemas(register: Callable[[str, type], None]) -> None:
 
 
 @hookspec
-def register_commands(cli: Any) -> None:
+def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``cuda-agent`` command line (a ``click.Group``)."""
 
 
@@ -110,33 +144,37 @@ def register_commands(cli: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def check_tool_call(tool_name: str, arguments: dict, workspace: Any) -> str | None:
-    """Refuse a tool call before it runs: return a one-line reason, or None to allow it."""
+def check_tool_call(tool_name: str, arguments: Mapping[str, Any], workspace: Path) -> str | None:
+    """Refuse a tool call before it runs: return a one-line reason, or None to allow it.
+
+    Asked of the plugin manager of the episode's caller (the run's), in the workspace the
+    tools run in.
+    """
 
 
 # --- lifecycle hooks ------------------------------------------------------------
 
 
 @hookspec
-def on_run_start(run: Any) -> None:
-    """A run has started; ``run`` has ``id``, ``dir``, ``config`` and ``log``."""
+def on_run_start(run: Run) -> None:
+    """A run has started; ``run`` has ``id``, ``dir``, ``config``, ``command`` and ``log``."""
 
 
 @hookspec
-def on_run_end(run: Any, status: str) -> None:
-    """A run has ended with ``status`` ("ok", "failed" or "interrupted")."""
+def on_run_end(run: Run, status: str) -> None:
+    """A run has ended with ``status``: "ok", "failed", "interrupted" or "infra_error"."""
 
 
 @hookspec
-def on_stage_start(run: Any, stage: Any) -> None:
+def on_stage_start(run: Run, stage: Stage) -> None:
     """A training stage (warm-up, RFT, value pretraining, agentic PPO, ...) starts."""
 
 
 @hookspec
-def on_step_end(run: Any, step: int, metrics: dict) -> None:
-    """A training or evaluation step ended with these metrics."""
+def on_step_end(run: Run, step: int, metrics: Mapping[str, float]) -> None:
+    """A training step (or an evaluation, as step 0) ended with these metrics."""
 
 
 @hookspec
-def on_trajectory_end(run: Any, trajectory: Any) -> None:
-    """An agent trajectory finished (its reward is set)."""
+def on_trajectory_end(run: Run, trajectory: Trajectory) -> None:
+    """An agent trajectory finished (its reward is set, or None when it was not scored)."""

@@ -11,11 +11,16 @@ trainer see only these interfaces.
 from __future__ import annotations
 
 import abc
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
-from .types import CandidateOutcome, CompileResult, RewardResult, Task, Timing
+from .types import CandidateOutcome, CompileResult, RewardResult, Task, Timing, Trajectory
+
+if TYPE_CHECKING:
+    from .hookspecs import Stage
+    from .run import Run
 
 
 @dataclass
@@ -174,10 +179,28 @@ class Dataset(Component):
 
 
 class Tracker(Component):
+    """A metric sink. A run builds the trackers its config lists (``trackers:``) in its main
+    process and hands them every lifecycle event of the run (through the lifecycle hooks,
+    :class:`~cuda_agent.core.trackers.TrackerHooks`): override what you record."""
+
     kind = "tracker"
 
+    def run_started(self, run: Run) -> None:
+        """The run started (``run.id``, ``run.dir``, ``run.config``, ``run.command``)."""
+
+    def stage_started(self, stage: Stage) -> None:
+        """A training stage starts (``stage.name``, ``stage.steps``, ``stage.algorithm``)."""
+
     @abc.abstractmethod
-    def log(self, step: int, metrics: dict) -> None: ...
+    def log(self, step: int, metrics: dict) -> None:
+        """A step ended with these metrics."""
+
+    def trajectory_ended(self, trajectory: Trajectory) -> None:
+        """An agent episode ended (its reward set, or None when it was not scored)."""
+
+    def run_ended(self, status: str) -> None:
+        """The run ended with ``status`` ("ok", "failed", "interrupted" or "infra_error");
+        :meth:`close` follows."""
 
     def truncate(self, after_step: int) -> None:
         """Forget what was logged for steps after ``after_step``: a resumed run redoes them
@@ -185,6 +208,33 @@ class Tracker(Component):
 
     def close(self) -> None:
         pass
+
+
+class EnvironmentFactory(Component):
+    """Makes the environment of each training episode (``trainer.environment``): an object
+    with the :class:`~cuda_agent.core.agent.Environment` protocol, one per episode."""
+
+    kind = "environment"
+    makes_tasks: ClassVar[bool] = False  # True: tasks() draws the training tasks (no dataset needed)
+
+    def bind(self, config: Any, pm: Any) -> None:
+        """Receive the run's composed config and plugin manager before the first episode."""
+
+    @abc.abstractmethod
+    def make(self, task: Task, dest: Path | None = None) -> Any:
+        """A fresh environment for one episode on ``task`` (in ``dest``, or a folder of its own)."""
+
+    def tasks(self, n: int, rng: random.Random) -> list[Task]:
+        """``n`` training tasks drawn with ``rng`` (when :attr:`makes_tasks`)."""
+        raise NotImplementedError(f"environment {self.name!r} makes no tasks of its own: set trainer.dataset")
+
+    def tokenizer(self) -> Any:
+        """A tokenizer of its own for a model built from scratch (``trainer.model.tokenizer:
+        environment``), or None."""
+        return None
+
+    def close(self) -> None:
+        """Release what the episodes shared (an executor, temporary folders)."""
 
 
 KINDS: dict[str, type[Component]] = {
@@ -199,6 +249,7 @@ KINDS: dict[str, type[Component]] = {
     "policy": Policy,
     "dataset": Dataset,
     "tracker": Tracker,
+    "environment": EnvironmentFactory,
 }
 
 # registration hook name for each kind
@@ -214,4 +265,5 @@ HOOK_FOR_KIND: dict[str, str] = {
     "policy": "register_policies",
     "dataset": "register_datasets",
     "tracker": "register_trackers",
+    "environment": "register_environments",
 }

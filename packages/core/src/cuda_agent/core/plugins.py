@@ -10,7 +10,8 @@ Two entry-point groups:
 Environment variables:
 
 * ``CUDA_AGENT_PLUGINS=a,b``: load only these third-party plugins (also when autoload is off).
-* ``CUDA_AGENT_BLOCK_PLUGINS=a,b``: never load these plugins (built-in or not).
+* ``CUDA_AGENT_BLOCK_PLUGINS=a,b``: never load these plugins (built-in or not; ``core``, which
+  every command stands on, cannot be blocked).
 * ``CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD=1``: load no third-party plugin unless named above.
 """
 
@@ -34,6 +35,8 @@ THIRD_PARTY_GROUP = "cuda_agent"
 ENV_ONLY = "CUDA_AGENT_PLUGINS"
 ENV_BLOCK = "CUDA_AGENT_BLOCK_PLUGINS"
 ENV_NO_AUTOLOAD = "CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD"
+# built-ins that cannot be blocked: the base of every command (base config, tools, trackers, policies)
+UNBLOCKABLE = ("core",)
 
 
 @dataclass
@@ -57,6 +60,16 @@ def _csv_env(var: str) -> set[str]:
     return {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
 
 
+def blocked_plugins() -> set[str]:
+    """The plugins ``CUDA_AGENT_BLOCK_PLUGINS`` names; naming a core built-in is an error."""
+    blocked = _csv_env(ENV_BLOCK)
+    core = sorted(blocked & set(UNBLOCKABLE))
+    if core:
+        raise PluginError(f"{ENV_BLOCK} names {core[0]!r}, a core built-in that cannot be blocked (every command "
+                          f"needs its base config, tools, trackers and policies); remove it from {ENV_BLOCK}")
+    return blocked
+
+
 class PluginManager:
     def __init__(self, load_entry_points: bool = True):
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -74,7 +87,7 @@ class PluginManager:
     # -- loading -------------------------------------------------------------------
 
     def load_entry_points(self) -> None:
-        blocked = _csv_env(ENV_BLOCK)
+        blocked = blocked_plugins()
         only = _csv_env(ENV_ONLY)
         autoload = not os.environ.get(ENV_NO_AUTOLOAD)
         eps = metadata.entry_points()
@@ -113,7 +126,7 @@ class PluginManager:
         builtin: bool = False,
     ) -> None:
         """Register a module or object holding hook implementations."""
-        if name in _csv_env(ENV_BLOCK):
+        if name in blocked_plugins():
             return
         self.pm.register(plugin, name=name)
         module = getattr(plugin, "__name__", type(plugin).__name__)
@@ -124,6 +137,16 @@ class PluginManager:
         self.pm.unregister(name=name)
         self.infos.pop(name, None)
         self._components = None
+
+    def attach(self, hooks: Any, name: str) -> None:
+        """Add an object's hook implementations for a while (a run's trackers, a training
+        stage's checkpointing); it is not a plugin: not listed, not versioned."""
+        self.pm.register(hooks, name=name)
+
+    def detach(self, name: str) -> None:
+        """Remove what :meth:`attach` added (nothing when it is not attached)."""
+        if self.pm.has_plugin(name):
+            self.pm.unregister(name=name)
 
     def plugins(self) -> list[PluginInfo]:
         return list(self.infos.values())

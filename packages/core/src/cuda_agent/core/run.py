@@ -1,4 +1,4 @@
-"""A run: its folder, resolved config, plugin versions, JSON log and lifecycle hooks."""
+"""A run: its folder, resolved config, plugin versions, JSON log, trackers and lifecycle hooks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from . import runlog
 from .config import to_yaml
 from .errors import ConfigError, InfrastructureError
+from .interfaces import Tracker
 from .plugins import PluginManager, get_plugin_manager, plugin_versions
+from .trackers import TrackerHooks
 
 
 class Run:
@@ -26,15 +28,23 @@ class Run:
     calls the ``on_run_start``/``on_run_end`` hooks. ``earlier_seconds``: the time the
     folder's earlier sessions ran (before a resume), from their log.
 
+    While it runs, the trackers of ``trackers:`` (built in the main process of a distributed
+    launch only: ``RANK`` unset or 0; ``trackers=`` gives them instead) receive every
+    lifecycle event called on ``run.pm`` (:class:`~cuda_agent.core.trackers.TrackerHooks`)
+    and are closed at its end; ``run.trackers`` holds them.
+
     A new run claims its folder atomically: the first process to create ``config.yaml``
     there owns it; another one started on the same folder stops with a one-line error
     before it writes anything.
     """
 
-    def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None):
+    def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None,
+                 trackers: list[Tracker] | None = None):
         self.config = config
         self.command = command
         self.pm = pm or get_plugin_manager()
+        self._given_trackers = trackers
+        self.trackers: list[Tracker] = []
         resume = config.run.get("resume") if "run" in config else None
         if resume:
             self.dir = Path(resume)
@@ -73,8 +83,25 @@ class Run:
         runlog.bind(run_id=self.id)
         self.log = runlog.get_logger()
         self.log.info("run.start", command=self.command, dir=str(self.dir), resumed=self.resumed)
+        try:
+            self.trackers = self._build_trackers()
+        except BaseException:  # a tracker that cannot start (a missing package): the run ends here
+            self.status = "failed"
+            self._end_log()
+            raise
+        self._hooks_name = f"run-trackers-{self.id}-{id(self)}"
+        self.pm.attach(TrackerHooks(self.trackers), self._hooks_name)
         self.pm.hook.on_run_start(run=self)
         return self
+
+    def _build_trackers(self) -> list[Tracker]:
+        if self._given_trackers is not None:
+            return list(self._given_trackers)
+        if os.environ.get("RANK", "0") not in ("", "0"):
+            return []  # one rank logs
+        specs = OmegaConf.to_container(self.config.trackers, resolve=True) if "trackers" in self.config else None
+        return [self.pm.create("tracker", spec, where=f"trackers[{i}]", run_dir=self.dir)
+                for i, spec in enumerate(specs or [])]
 
     def _claim(self) -> None:
         """Create ``config.yaml`` only if no other run has (O_EXCL: one winner, whatever the timing)."""
@@ -97,10 +124,15 @@ class Run:
         try:
             self.pm.hook.on_run_end(run=self, status=self.status)
         finally:
-            self.log.info("run.end", status=self.status)
-            runlog.unbind("run_id")
-            if self._logfile is not None:
-                runlog.detach_file(self._logfile)
+            self.pm.detach(getattr(self, "_hooks_name", ""))
+            self._end_log()
+
+    def _end_log(self) -> None:
+        self.log.info("run.end", status=self.status)
+        runlog.unbind("run_id")
+        if self._logfile is not None:
+            runlog.detach_file(self._logfile)
+            self._logfile = None
 
     def path(self, *parts: str) -> Path:
         return self.dir.joinpath(*parts)

@@ -1,4 +1,5 @@
-"""Built-in metric trackers: JSON lines (default) and the console."""
+"""Metric trackers: the built-ins (JSON lines, the default, and the console) and the hook
+implementations through which a run hands its lifecycle events to the trackers it built."""
 
 from __future__ import annotations
 
@@ -7,8 +8,55 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
+from .hookspecs import Stage, hookimpl
 from .interfaces import Tracker
+from .types import Trajectory
+
+if TYPE_CHECKING:
+    from .run import Run
+
+
+class TrackerHooks:
+    """The lifecycle hooks, implemented by handing each event to every tracker of one run.
+
+    :class:`~cuda_agent.core.run.Run` attaches one to its plugin manager while it runs, so
+    whatever calls a lifecycle hook reaches the trackers the run's config lists; the run's
+    end closes them.
+    """
+
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = list(trackers)
+
+    @hookimpl
+    def on_run_start(self, run: Run) -> None:
+        for t in self.trackers:
+            t.run_started(run)
+
+    @hookimpl
+    def on_stage_start(self, run: Run, stage: Stage) -> None:
+        for t in self.trackers:
+            t.stage_started(stage)
+
+    @hookimpl
+    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, float]) -> None:
+        for t in self.trackers:
+            t.log(step, dict(metrics))
+
+    @hookimpl
+    def on_trajectory_end(self, run: Run, trajectory: Trajectory) -> None:
+        for t in self.trackers:
+            t.trajectory_ended(trajectory)
+
+    @hookimpl
+    def on_run_end(self, run: Run, status: str) -> None:
+        try:
+            for t in self.trackers:
+                t.run_ended(status)
+        finally:
+            for t in self.trackers:
+                t.close()
 
 
 @dataclass

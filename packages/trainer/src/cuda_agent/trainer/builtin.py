@@ -1,4 +1,5 @@
-"""Built-in trainer plugin: algorithms, the TensorBoard tracker, the trainer config, ``cuda-agent train``."""
+"""Built-in trainer plugin: algorithms, training environments, the TensorBoard tracker, the
+trainer config, ``cuda-agent train``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ def register_algorithms(register):
 
     for cls in ALGORITHMS:
         register(cls)
+
+
+@hookimpl
+def register_environments(register):
+    from .envs.cuda import CudaEnvironmentFactory
+    from .envs.toy import ToyEnvironmentFactory
+
+    register(ToyEnvironmentFactory)
+    register(CudaEnvironmentFactory)
 
 
 @hookimpl

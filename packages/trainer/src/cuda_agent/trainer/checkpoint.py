@@ -8,6 +8,9 @@ Layout of one stage folder (``<run>/stages/<NN>-<name>/``)::
     kept/step-000007.jsonl     trajectories an RFT step kept (value pretraining reads them)
 
 A folder without ``COMPLETE`` (a crash while writing) is ignored and removed on resume.
+
+Step checkpoints are written by :class:`StepCheckpoints`, an ``on_step_end`` hook
+implementation a stage attaches to the run's plugin manager while it trains.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+from cuda_agent.core.hookspecs import hookimpl
 
 MARKER = "COMPLETE"
 
@@ -69,6 +74,70 @@ class CheckpointWriter:
             shutil.rmtree(self.final)
         os.replace(self.tmp, self.final)
         _fsync_dir(self.final.parent)
+
+
+class StepCheckpoints:
+    """Checkpointing of one training stage, as the ``on_step_end`` hook: every ``every`` steps
+    of the stage and after its last (``every`` 0: never), after the trackers have the step's
+    metrics (``trylast``), so a run killed while a checkpoint is written has logged that step
+    and redoes it. Keeps the newest ``keep``. Every rank takes part (DeepSpeed state is sharded).
+
+    ``stage_offset``: the run's step number of the stage's step 0 (the hook gets run steps).
+    """
+
+    def __init__(self, stage_dir: Path, stage_index: int, stage_offset: int, steps: int, every: int, keep: int,
+                 actor: Any, critic: Any, tokenizer: Any, is_main: bool = True):
+        self.stage_dir = Path(stage_dir)
+        self.index, self.offset, self.steps = stage_index, stage_offset, steps
+        self.every, self.keep = every, keep
+        self.actor, self.critic, self.tokenizer = actor, critic, tokenizer
+        self.is_main = is_main
+
+    @hookimpl(trylast=True)
+    def on_step_end(self, run: Any, step: int, metrics: Mapping[str, float]) -> None:
+        local = step - self.offset
+        if self.every <= 0 or not ((local + 1) % self.every == 0 or local == self.steps - 1):
+            return
+        self.save(step_dir(self.stage_dir, local), {"stage": self.index, "step": local, "metrics": dict(metrics)})
+        if self.is_main:
+            prune(self.stage_dir, self.keep)
+
+    def save(self, path: Path, info: dict) -> None:
+        actor, critic = self.actor, self.critic
+        actor_sd = actor.full_state_dict() if actor is not None else None
+        critic_sd = critic.full_state_dict() if critic is not None else None
+        writer = CheckpointWriter(path, is_main=self.is_main)
+        tmp = writer.tmp
+        if self.is_main:
+            writer.__enter__()
+        _barrier()
+        try:
+            if actor is not None:
+                actor.save_state(tmp / "actor_state")
+            if critic is not None:
+                critic.save_state(tmp / "critic_state")
+            if self.is_main:
+                if actor is not None:
+                    actor.module.save_pretrained(tmp / "actor", state_dict=actor_sd)
+                    self.tokenizer.save_pretrained(tmp / "actor")
+                if critic is not None:
+                    critic.module.save_pretrained(tmp / "critic", state_dict=critic_sd)
+                write_json(tmp / "trainer.json", info)
+        except BaseException as exc:
+            if self.is_main:
+                writer.__exit__(type(exc), exc, None)
+            raise
+        _barrier()
+        if self.is_main:
+            writer.__exit__(None, None, None)
+        _barrier()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def prune(stage_dir: Path, keep: int) -> None:

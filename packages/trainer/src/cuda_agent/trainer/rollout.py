@@ -46,7 +46,7 @@ class RolloutResult:
 
 async def _collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any], options: AgentOptions,
                    concurrency: int, samples: int, step: int, on_trajectory: Callable | None,
-                   progress: Any) -> list[Trajectory]:
+                   progress: Any, pm: Any) -> list[Trajectory]:
     """Episodes run in waves of ``concurrency``: a wave's environments are made first (in threads,
     together), then all its episodes start at once, so their generation requests batch well."""
     jobs = [(i, t, k) for i, (t, k) in enumerate((t, k) for t in tasks for k in range(samples))]
@@ -54,7 +54,7 @@ async def _collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int
 
     async def one(i: int, task: Task, k: int, env: Any) -> Trajectory:
         try:
-            traj = await run_episode(task, policy, env, options)
+            traj = await run_episode(task, policy, env, options, pm=pm)
         finally:
             await asyncio.to_thread(env.close)
         traj.metadata["group"] = f"{task.id}@{step}"
@@ -83,8 +83,9 @@ async def _collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int
 
 def collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any], options: AgentOptions,
             concurrency: int = 64, samples_per_task: int = 1, step: int = 0,
-            on_trajectory: Callable | None = None, show_progress: bool = True) -> RolloutResult:
-    """Run ``samples_per_task`` episodes per task; returns trajectories in task order."""
+            on_trajectory: Callable | None = None, show_progress: bool = True, pm: Any = None) -> RolloutResult:
+    """Run ``samples_per_task`` episodes per task; returns trajectories in task order. ``pm``:
+    whose ``check_tool_call`` hook the episodes ask (see :func:`~cuda_agent.core.agent.run_episode`)."""
     progress = None
     if show_progress:
         from tqdm import tqdm
@@ -94,7 +95,7 @@ def collect(tasks: list[Task], policy: Any, make_env: Callable[[Task, int], Any]
     t0 = time.monotonic()
     try:
         trajs = asyncio.run(_collect(tasks, policy, make_env, options, concurrency, samples_per_task, step,
-                                     on_trajectory, progress))
+                                     on_trajectory, progress, pm))
     finally:
         if progress is not None:
             progress.close()

@@ -5,9 +5,10 @@ warm-up (32k context) -> rejection fine-tuning on agent trajectories -> critic v
 pretraining on the trajectories RFT kept -> multi-turn agentic PPO.
 
 Every step: sample tasks, run episodes through the core agent loop (rollout
-log-probs recorded), update, log metrics to the trackers, write a checkpoint. A run
-killed at any point resumes (``run.resume=<run folder>``) from its last complete
-checkpoint: at most the step in progress is lost.
+log-probs recorded), update, and end the step through the ``on_step_end`` hook: the run's
+trackers log its metrics, then the stage's :class:`~.checkpoint.StepCheckpoints` writes a
+checkpoint. A run killed at any point resumes (``run.resume=<run folder>``) from its last
+complete checkpoint: at most the step in progress is lost.
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ class StageSpec:
         algo = raw["algorithm"]
         if isinstance(algo, str):
             algo = {"name": algo, "options": {}}
-        if raw.get("critic_init", "previous") not in ("previous", "actor"):
+        # keys a stage leaves out take the defaults of the fields above
+        spec = cls(name=str(raw["name"]), algorithm=dict(algo), **{k: raw[k] for k in STAGE_KEYS[2:] if k in raw})
+        spec.steps, spec.agent = int(spec.steps), dict(spec.agent or {})
+        if spec.critic_init not in ("previous", "actor"):
             raise ConfigError(f"trainer.stages[{index}].critic_init must be previous or actor")
-        return cls(name=str(raw["name"]), algorithm=dict(algo), steps=int(raw.get("steps", 1)),
-                   agent=dict(raw.get("agent") or {}), samples_per_task=raw.get("samples_per_task"),
-                   critic_init=raw.get("critic_init", "previous"), environment=raw.get("environment"),
-                   dataset=raw.get("dataset"), checkpoint_every=raw.get("checkpoint_every"))
+        return spec
 
 
 def _plain(x: Any) -> Any:
@@ -79,7 +80,6 @@ def _plain(x: Any) -> Any:
 def validate(cfg: Any) -> None:
     """Check the trainer section before a run folder is made (one-line ConfigError)."""
     from .engine import resolve_backend
-    from .envs import ENVIRONMENTS
 
     tc = _plain(cfg.trainer)
     stages = tc.get("stages") or []
@@ -92,9 +92,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"trainer.model.path not found: {m['path']}")
     if not m.get("path") and not m.get("build"):
         raise ConfigError("trainer.model needs a path (a local HF model folder) or build (a tiny random model)")
-    env = (tc.get("environment") or {}).get("name")
-    if env not in ENVIRONMENTS:
-        raise ConfigError(f"unknown trainer.environment {env!r}; {did_you_mean(str(env), ENVIRONMENTS)}")
+    if not (tc.get("environment") or {}).get("name"):
+        raise ConfigError("trainer.environment needs a name (cuda-agent plugins lists the environments)")
     raw = dict(tc.get("engine") or {})
     names = [f.name for f in dataclasses.fields(EngineOptions)]
     for k in raw:
@@ -106,13 +105,11 @@ def validate(cfg: Any) -> None:
 class StageRunner:
     """Runs ``trainer.stages`` of a composed config inside a :class:`~cuda_agent.core.run.Run`."""
 
-    def __init__(self, cfg: Any, run: Any, pm: Any = None, trackers: list | None = None, show_progress: bool = True,
+    def __init__(self, cfg: Any, run: Any, pm: Any = None, show_progress: bool = True,
                  tasks: Any = None, environment: Any = None):
-        from cuda_agent.core.plugins import get_plugin_manager
-
         self.cfg = cfg
         self.run = run
-        self.pm = pm or get_plugin_manager()
+        self.pm = pm or run.pm
         self.tc: dict = _plain(cfg.trainer)
         self.seed = int(_plain(cfg.run).get("seed", 0) or 0)
         raw_stages = self.tc.get("stages") or []
@@ -123,7 +120,7 @@ class StageRunner:
         if len(set(names)) != len(names):
             raise ConfigError(f"trainer.stages: stage names must be unique, got {names}")
         self.engine_options = self._engine_options()
-        self.trackers = trackers if trackers is not None else self._trackers()
+        self.trackers = list(getattr(run, "trackers", []))  # the run's: they receive every lifecycle event
         self.show_progress = show_progress
         self.task_sampler = tasks  # optional callable (n, rng) -> list[Task], replaces the dataset
         self.environment = environment  # optional environment factory, replaces trainer.environment
@@ -141,14 +138,6 @@ class StageRunner:
         if "adam_betas" in raw and raw["adam_betas"] is not None:
             raw["adam_betas"] = tuple(raw["adam_betas"])
         return EngineOptions(**raw)
-
-    def _trackers(self) -> list:
-        out = []
-        if rank() != 0:
-            return out
-        for i, spec in enumerate(_plain(self.cfg.get("trackers")) or []):
-            out.append(self.pm.create("tracker", spec, where=f"trackers[{i}]", run_dir=self.run.dir))
-        return out
 
     def stage_dir(self, index: int) -> Path:
         return Path(self.run.dir) / "stages" / f"{index:02d}-{self.stages[index].name}"
@@ -171,6 +160,9 @@ class StageRunner:
             tok = None
             if m.get("tokenizer") == "environment":
                 tok = self._env_factory(None).tokenizer()
+                if tok is None:
+                    raise ConfigError("trainer.model.tokenizer=environment: the environment has no tokenizer of "
+                                      "its own; give a tokenizer folder")
             elif m.get("tokenizer"):
                 from transformers import AutoTokenizer
 
@@ -180,16 +172,17 @@ class StageRunner:
         return out
 
     def _env_factory(self, stage: StageSpec | None) -> Any:
-        from .envs import make_environment_factory
-
+        """The stage's environment plugin (``register_environments``), bound to the run's config."""
         if self.environment is not None:
             return self.environment
-        spec = (stage.environment if stage is not None and stage.environment else None) or self.tc.get("environment")
+        where = "trainer.environment"
+        spec = self.tc.get("environment")
+        if stage is not None and stage.environment:
+            where, spec = f"trainer.stages[{self.stages.index(stage)}].environment", stage.environment
         if not spec or not spec.get("name"):
-            raise ConfigError("trainer.environment needs a name (toy or cuda)")
-        factory = make_environment_factory(spec)
-        if hasattr(factory, "bind"):
-            factory.bind(self.cfg, self.pm)
+            raise ConfigError(f"{where} needs a name (cuda-agent plugins lists the environments)")
+        factory = self.pm.create("environment", spec, where=where)
+        factory.bind(self.cfg, self.pm)
         return factory
 
     def _tasks(self, stage: StageSpec, factory: Any) -> Any:
@@ -202,7 +195,7 @@ class StageRunner:
             if not pool:
                 raise ConfigError(f"dataset {spec['name']!r} gave no tasks")
             return lambda n, rng: [rng.choice(pool) for _ in range(n)]
-        if hasattr(factory, "tasks"):
+        if getattr(factory, "makes_tasks", hasattr(factory, "tasks")):
             return factory.tasks
         raise ConfigError("trainer.dataset needs a name (the environment does not make its own tasks)")
 
@@ -225,8 +218,6 @@ class StageRunner:
                 continue
             self.pm.hook.on_stage_start(run=self.run, stage=stage)
             self.run_stage(i, stage, base)
-        for t in self.trackers:
-            t.close()
         return self.history
 
     def run_stage(self, index: int, stage: StageSpec, base: Path) -> None:
@@ -234,7 +225,7 @@ class StageRunner:
         sdir.mkdir(parents=True, exist_ok=True)
         algo = self.pm.create("algorithm", stage.algorithm, where=f"trainer.stages[{index}].algorithm")
         o = algo.options
-        dtype = (self.tc.get("model") or {}).get("dtype", "float32")
+        dtype = self.tc["model"]["dtype"]
         actor_init = self._find_previous(index, "actor") or base
         critic_init = actor_init
         if stage.critic_init == "previous":
@@ -293,64 +284,71 @@ class StageRunner:
             policy = self._policy(actor, tokenizer, stage, actor_init)
         agent_options = self._agent_options(stage)
         samples = stage.samples_per_task or int(getattr(o, "group_size", 1) or 1)
-        every = stage.checkpoint_every if stage.checkpoint_every is not None else \
-            (self.tc.get("checkpoint") or {}).get("every", 1)
-        every = int(every if every is not None else 1)  # 0: no step checkpoints (benchmarks)
-        keep = int((self.tc.get("checkpoint") or {}).get("keep", 2))
+        checkpoint = self.tc["checkpoint"]
+        every = int(stage.checkpoint_every if stage.checkpoint_every is not None else checkpoint["every"])
+        saver = ckpt.StepCheckpoints(sdir, index, self.global_step, stage.steps, every,  # every 0: none (benchmarks)
+                                     int(checkpoint["keep"]), actor if algo.trains_actor else None,
+                                     critic if algo.trains_critic else None, tokenizer, is_main=rank() == 0)
         critic_warmup = int(getattr(o, "critic_warmup_steps", 0) or 0)
         stage_offset = self.global_step
         ws = world_size()
         per_rank = max(1, int(o.batch_size) // ws)
-        for step in range(start, stage.steps):
-            t_step = time.monotonic()
-            seed = self.seed * 1_000_003 + index * 10_007 + step * 101 + rank()
-            torch.manual_seed(seed)
-            rng = random.Random(seed)
-            metrics: dict[str, float] = {"stage": float(index)}
-            if pool:
-                order = list(range(len(pool)))
-                random.Random(seed).shuffle(order)
-                trajs = [pool[order[k % len(pool)]] for k in range(per_rank)]
-                rollout_s = 0.0
-            else:
-                n_tasks = max(1, per_rank // samples)
-                tasks = sample_tasks(n_tasks, rng)
-                res = collect(tasks, policy, lambda t, i: factory.make(t, None), agent_options,
-                              concurrency=int((self.tc.get("rollout") or {}).get("concurrency", 64)),
-                              samples_per_task=samples, step=step, show_progress=self.show_progress)
-                trajs = self._without_infra_errors(res.trajectories, stage, step, metrics)
-                rollout_s = res.seconds
-                metrics["rollout/tokens_per_s"] = res.tokens_per_s
-                metrics["rollout/seconds"] = res.seconds
-                metrics["rollout/generated_tokens"] = float(res.generated_tokens)
-                metrics["rollout/generate_seconds"] = res.generate_seconds
-                metrics["rollout/mean_batch"] = res.mean_batch
-                for t in trajs:
-                    self.pm.hook.on_trajectory_end(run=self.run, trajectory=t)
-            metrics.update(rollout_metrics(trajs))
-            in_warmup = step < critic_warmup
-            up = trainer.update(trajs, algo, step=step, train_actor=not in_warmup, train_critic=True)
-            metrics.update(up)
-            if policy is not None and algo.trains_actor:
-                sync_policy_weights(policy, engine=actor)
-            metrics["step_seconds"] = time.monotonic() - t_step
-            metrics["rollout/share_of_step"] = rollout_s / max(metrics["step_seconds"], 1e-9)
-            metrics["stage_step"] = float(step)
-            if torch.cuda.is_available():
-                metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            gstep = stage_offset + step
-            self._log(gstep, metrics)
-            self.history.append({"step": gstep, "stage": stage.name, **metrics})
-            if getattr(algo, "name", "") == "rft" and rank() == 0:
-                kept, _ = algo.select(trajs)
-                save_trajectories(kept, sdir / "kept" / f"step-{step:06d}.jsonl")
-            last = step == stage.steps - 1
-            if every > 0 and ((step + 1) % every == 0 or last):
-                self._save(ckpt.step_dir(sdir, step), actor if algo.trains_actor else None,
-                           critic if algo.trains_critic else None, tokenizer, {"stage": index, "step": step,
-                                                                               "metrics": metrics})
-                if rank() == 0:
-                    ckpt.prune(sdir, keep)
+        rollout = self.tc["rollout"]
+        saver_name = f"checkpoints-{self.run.id}-{index}"
+        self.pm.attach(saver, saver_name)
+        try:
+            for step in range(start, stage.steps):
+                t_step = time.monotonic()
+                seed = self.seed * 1_000_003 + index * 10_007 + step * 101 + rank()
+                torch.manual_seed(seed)
+                rng = random.Random(seed)
+                metrics: dict[str, float] = {"stage": float(index)}
+                if pool:
+                    order = list(range(len(pool)))
+                    random.Random(seed).shuffle(order)
+                    trajs = [pool[order[k % len(pool)]] for k in range(per_rank)]
+                    rollout_s = 0.0
+                else:
+                    n_tasks = max(1, per_rank // samples)
+                    tasks = sample_tasks(n_tasks, rng)
+                    res = collect(tasks, policy, lambda t, i: factory.make(t, None), agent_options,
+                                  concurrency=int(rollout["concurrency"]), samples_per_task=samples, step=step,
+                                  show_progress=self.show_progress, pm=self.pm)
+                    for t in res.trajectories:
+                        self.pm.hook.on_trajectory_end(run=self.run, trajectory=t)
+                    trajs = self._without_infra_errors(res.trajectories, stage, step, metrics)
+                    rollout_s = res.seconds
+                    metrics["rollout/tokens_per_s"] = res.tokens_per_s
+                    metrics["rollout/seconds"] = res.seconds
+                    metrics["rollout/generated_tokens"] = float(res.generated_tokens)
+                    metrics["rollout/generate_seconds"] = res.generate_seconds
+                    metrics["rollout/mean_batch"] = res.mean_batch
+                metrics.update(rollout_metrics(trajs))
+                in_warmup = step < critic_warmup
+                up = trainer.update(trajs, algo, step=step, train_actor=not in_warmup, train_critic=True)
+                metrics.update(up)
+                if policy is not None and algo.trains_actor:
+                    sync_policy_weights(policy, engine=actor)
+                metrics["step_seconds"] = time.monotonic() - t_step
+                metrics["rollout/share_of_step"] = rollout_s / max(metrics["step_seconds"], 1e-9)
+                metrics["stage_step"] = float(step)
+                if torch.cuda.is_available():
+                    metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
+                gstep = stage_offset + step
+                self.history.append({"step": gstep, "stage": stage.name, **metrics})
+                if getattr(algo, "name", "") == "rft" and rank() == 0:
+                    kept, _ = algo.select(trajs)
+                    save_trajectories(kept, sdir / "kept" / f"step-{step:06d}.jsonl")
+                # the trackers log the step, then the stage's checkpointing writes it (StepCheckpoints)
+                self.pm.hook.on_step_end(run=self.run, step=gstep, metrics=metrics)
+        finally:
+            self.pm.detach(saver_name)
+        self._finish_stage(sdir, stage_offset + stage.steps, factory)
+        del trainer, actor, critic, reference, policy, saver
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _finish_stage(self, sdir: Path, global_step: int, factory: Any) -> None:
         # the stage's result: the weights of its last checkpoint (or its untouched inputs)
         final = sdir / "final"
         if rank() == 0:
@@ -360,12 +358,9 @@ class StageRunner:
                     for what in ("actor", "critic"):
                         if (last[1] / what).exists():
                             shutil.copytree(last[1] / what, tmp / what)
-        self.global_step = stage_offset + stage.steps
-        if hasattr(factory, "close") and self.environment is None:
+        self.global_step = global_step
+        if self.environment is None:
             factory.close()
-        del trainer, actor, critic, reference, policy
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def _without_infra_errors(self, trajs: list, stage: StageSpec, step: int, metrics: dict) -> list:
         """The step's episodes without those the infrastructure ended (counted in
@@ -384,9 +379,9 @@ class StageRunner:
         return kept
 
     def _policy(self, actor: Any, tokenizer: Any, stage: StageSpec, actor_init: Path | None = None) -> Any:
-        r = dict(self.tc.get("rollout") or {})
+        r = self.tc["rollout"]
         agent = {**dict(self.tc.get("agent_defaults") or {}), **stage.agent}
-        engine = r.get("engine", "actor")
+        engine = r["engine"]
         if engine not in ("actor", "policy"):
             raise ConfigError(f"trainer.rollout.engine={engine!r}; valid: actor (batched HF generate on the "
                               "trained weights), policy (the run's token-level policy plugin, e.g. vllm, vllm_server or hf)")
@@ -401,9 +396,9 @@ class StageRunner:
 
             params = list(actor.module.parameters())
             gather = lambda: deepspeed.zero.GatheredParameters(params)  # noqa: E731
-        return ActorPolicy(actor.module, tokenizer, gather=gather, device=actor.device, max_batch=int(r.get("max_batch", 64)),
-                           temperature=float(r.get("temperature", 1.0)), top_p=float(r.get("top_p", 1.0)),
-                           max_new_tokens=int(agent.get("max_tokens_per_turn", r.get("max_new_tokens", 512))),
+        return ActorPolicy(actor.module, tokenizer, gather=gather, device=actor.device, max_batch=int(r["max_batch"]),
+                           temperature=float(r["temperature"]), top_p=float(r["top_p"]),
+                           max_new_tokens=int(agent.get("max_tokens_per_turn", r["max_new_tokens"])),
                            seed=self.seed, autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(
                                self.engine_options.mixed_precision))
 
@@ -429,54 +424,12 @@ class StageRunner:
         base = _plain(self.cfg.get("agent")) or {}
         merged = {**base, **dict(self.tc.get("agent_defaults") or {}), **stage.agent}
         names = [f.name for f in dataclasses.fields(AgentOptions)]
-        r = dict(self.tc.get("rollout") or {})
+        r = self.tc["rollout"]
         merged.setdefault("sampling", {})
-        merged["sampling"] = {"temperature": float(r.get("temperature", 1.0)), "top_p": float(r.get("top_p", 1.0)),
+        merged["sampling"] = {"temperature": float(r["temperature"]), "top_p": float(r["top_p"]),
                               **dict(merged.get("sampling") or {})}
         for k in merged:
             if k not in names:
                 raise ConfigError(f"unknown agent option {k!r} in stage {stage.name}; {did_you_mean(k, names)}")
         merged["check_hooks"] = merged.get("check_hooks", True)
         return AgentOptions(**merged)
-
-    def _log(self, step: int, metrics: dict) -> None:
-        for t in self.trackers:
-            t.log(step, metrics)
-        self.pm.hook.on_step_end(run=self.run, step=step, metrics=metrics)
-
-    def _save(self, path: Path, actor: Any, critic: Any, tokenizer: Any, info: dict) -> None:
-        actor_sd = actor.full_state_dict() if actor is not None else None
-        critic_sd = critic.full_state_dict() if critic is not None else None
-        main = rank() == 0
-        writer = ckpt.CheckpointWriter(path, is_main=main)
-        tmp = writer.tmp
-        if main:
-            writer.__enter__()
-        _barrier()
-        try:
-            if actor is not None:
-                actor.save_state(tmp / "actor_state")
-            if critic is not None:
-                critic.save_state(tmp / "critic_state")
-            if main:
-                if actor is not None:
-                    actor.module.save_pretrained(tmp / "actor", state_dict=actor_sd)
-                    tokenizer.save_pretrained(tmp / "actor")
-                if critic is not None:
-                    critic.module.save_pretrained(tmp / "critic", state_dict=critic_sd)
-                ckpt.write_json(tmp / "trainer.json", info)
-        except BaseException as exc:
-            if main:
-                writer.__exit__(type(exc), exc, None)
-            raise
-        _barrier()
-        if main:
-            writer.__exit__(None, None, None)
-        _barrier()
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()

@@ -96,6 +96,17 @@ def record_candidate(traj: Trajectory, cand: Candidate) -> Candidate:
 # --- helpers ------------------------------------------------------------------------
 
 
+def tool_call_check(pm: Any, env: Any) -> Callable[..., str | None]:
+    """The ``check_tool_call`` hook of the episode's caller: the plugin manager it passed, else
+    its environment's (``env.pm``), else the process-wide one."""
+    pm = pm if pm is not None else getattr(env, "pm", None)
+    if pm is None:
+        from ..plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+    return pm.hook.check_tool_call
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
@@ -125,7 +136,8 @@ def _is_done(text: str, marker: str) -> bool:
 
 
 class _Runner:
-    def __init__(self, task: Task, policy: Any, env: Environment, options: AgentOptions, on_event: Event | None):
+    def __init__(self, task: Task, policy: Any, env: Environment, options: AgentOptions, on_event: Event | None,
+                 pm: Any = None):
         self.task = task
         self.policy = policy
         self.env = env
@@ -143,12 +155,7 @@ class _Runner:
         )
         self._hook = None
         if options.check_hooks:
-            try:
-                from ..plugins import get_plugin_manager
-
-                self._hook = get_plugin_manager().hook.check_tool_call
-            except Exception:  # no plugin manager: no hook
-                self._hook = None
+            self._hook = tool_call_check(pm, env)
 
     def emit(self, **event: Any) -> None:
         if self.on_event is not None:
@@ -333,6 +340,7 @@ async def run_episode(
     env: Environment,
     options: AgentOptions | None = None,
     on_event: Event | None = None,
+    pm: Any = None,
 ) -> Trajectory:
     """Run one episode of ``policy`` on ``task`` in ``env``; returns the finished trajectory.
 
@@ -341,15 +349,17 @@ async def run_episode(
     "context" (context budget spent), "error" (the policy gave an unusable answer) or
     "infra_error" (the policy endpoint failed after its retries: no result, and no reward).
     ``on_event(dict)`` receives progress events (type: turn, tool, candidate, end_turn, end).
-    The environment is not closed here.
+    ``pm``: the plugin manager whose ``check_tool_call`` hook is asked before each tool call
+    (default: the environment's ``pm``, else the process-wide one). The environment is not
+    closed here.
     """
-    return await _Runner(task, policy, env, options or AgentOptions(), on_event).run()
+    return await _Runner(task, policy, env, options or AgentOptions(), on_event, pm).run()
 
 
 def run_episode_sync(task: Task, policy: Any, env: Environment, options: AgentOptions | None = None,
-                     on_event: Event | None = None) -> Trajectory:
+                     on_event: Event | None = None, pm: Any = None) -> Trajectory:
     """:func:`run_episode` for synchronous callers (runs its own event loop, or a thread if one is running)."""
-    return run_sync(run_episode(task, policy, env, options, on_event))
+    return run_sync(run_episode(task, policy, env, options, on_event, pm))
 
 
 def run_sync(coro: Any) -> Any:

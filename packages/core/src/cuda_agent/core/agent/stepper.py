@@ -84,16 +84,17 @@ class EpisodeStepper:
     :meth:`call_tool` (one call, for frameworks that dispatch calls themselves).
 
     ``options.max_turns`` bounds the turns; ``finish()`` ends the episode and returns the
-    trajectory with its reward (once; later calls return the same trajectory). The
+    trajectory with its reward (once; later calls return the same trajectory). ``pm``: whose
+    ``check_tool_call`` hook is asked (as in :func:`~cuda_agent.core.agent.run_episode`). The
     environment is not closed here.
     """
 
     def __init__(self, task: Task, env: Environment, options: AgentOptions | None = None,
-                 framework: str = "external"):
+                 framework: str = "external", pm: Any = None):
         self.task = task
         self.env = env
         self.options = options or AgentOptions()
-        self._runner = _Runner(task, _External(framework), env, self.options, None)
+        self._runner = _Runner(task, _External(framework), env, self.options, None, pm)
         self.traj: Trajectory = self._runner.traj
         self.traj.messages = [dict(m) for m in env.initial_messages(task)]
         self._ended = False

@@ -5,25 +5,51 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.core.errors import ConfigError, did_you_mean
+from cuda_agent.core.interfaces import EnvironmentFactory
 
-class CudaEnvironmentFactory:
-    def __init__(self, workdir: str | None = None, keep_workspaces: bool = False, **env_options: Any):
-        from cuda_agent.sandbox.environment import EnvironmentOptions
 
-        self.env_options = EnvironmentOptions(**env_options)
-        self._explicit = bool(env_options)  # options given here win over the run config's environment:
-        self.workdir = workdir
-        self.keep = keep_workspaces
+@dataclass
+class CudaOptions:
+    workdir: str | None = None  # where episode workspaces are made (a temporary folder when None)
+    keep_workspaces: bool = False  # keep the temporary folder after training
+    # EnvironmentOptions fields for the training episodes, over the run's `environment:` section
+    environment: dict = field(default_factory=dict)
+
+
+def _sandbox_environment() -> Any:
+    try:
+        from cuda_agent.sandbox import environment
+    except ImportError as exc:
+        raise ConfigError("environment cuda needs cuda_agent.sandbox.environment.CudaEnvironment "
+                          f"(install cuda-agent-sandbox): {exc}") from exc
+    return environment
+
+
+class CudaEnvironmentFactory(EnvironmentFactory):
+    name = "cuda"
+    description = "A fresh CUDA workspace, sandbox and workspace service per episode; one shared executor pool."
+    Options = CudaOptions
+
+    def __init__(self, options: CudaOptions | None = None):
+        super().__init__(options)
+        self._sandbox = _sandbox_environment()
+        names = list(self._sandbox.EnvironmentOptions.__dataclass_fields__)
+        for key in self.options.environment:
+            if key not in names:
+                raise ConfigError(f"unknown option trainer.environment.options.environment.{key} for environment "
+                                  f"'cuda'; {did_you_mean(key, names)}")
         self._tmp = None
         self.cfg = None
         self.pm = None
         self.executor = None
 
     def bind(self, cfg: Any, pm: Any) -> None:
-        """Take the compiler, sandbox, executor and reward specs from the run config."""
+        """Take the environment, compiler, sandbox, executor and reward specs from the run config."""
         self.cfg = cfg
         self.pm = pm
 
@@ -36,38 +62,42 @@ class CudaEnvironmentFactory:
         return OmegaConf.to_container(node, resolve=True) if node is not None else None
 
     def _root(self) -> Path:
-        if self.workdir:
-            Path(self.workdir).mkdir(parents=True, exist_ok=True)
-            return Path(self.workdir)
+        if self.options.workdir:
+            Path(self.options.workdir).mkdir(parents=True, exist_ok=True)
+            return Path(self.options.workdir)
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="cuda-agent-train-")
         return Path(self._tmp.name)
 
-    def make(self, task: Any, dest: Path | None = None) -> Any:
-        from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions, detect_backend
+    def env_options(self) -> Any:
+        """The episodes' EnvironmentOptions: the run's ``environment:`` section (and top-level
+        ``backend``), then this environment's ``options.environment``."""
+        EnvironmentOptions = self._sandbox.EnvironmentOptions
+        names = list(EnvironmentOptions.__dataclass_fields__)
+        merged = {k: v for k, v in (self._spec("environment") or {}).items() if k in names}
+        if self.cfg is not None and "backend" in self.cfg and "backend" not in merged:
+            merged["backend"] = self.cfg.backend
+        merged.update(self.options.environment)
+        return EnvironmentOptions(**merged)
 
-        opts = self.env_options
-        if self.cfg is not None and "environment" in self.cfg and not self._explicit:
-            base = {k: v for k, v in (self._spec("environment") or {}).items()
-                    if k in {f for f in EnvironmentOptions.__dataclass_fields__}}
-            if "backend" in self.cfg and "backend" not in base:
-                base["backend"] = self.cfg.backend
-            opts = EnvironmentOptions(**base)
+    def make(self, task: Any, dest: Path | None = None) -> Any:
+        opts = self.env_options()
         if self.executor is None:
             spec = self._spec("executor")
             if spec and spec.get("name"):
-                if detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
+                if self._sandbox.detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
                     spec = {"name": "cpu"}
                 self.executor = self.pm.create("executor", spec, where="executor")
         dest = dest or self._root() / f"{task.id.replace('/', '_')}-{uuid.uuid4().hex[:8]}"
-        return CudaEnvironment(task, dest, opts, compiler=self._spec("compiler"), sandbox=self._spec("sandbox"),
-                               executor=self.executor, reward=self._spec("reward"),
-                               service_options=self._spec("service"), pm=self.pm)
+        return self._sandbox.CudaEnvironment(task, dest, opts, compiler=self._spec("compiler"),
+                                             sandbox=self._spec("sandbox"), executor=self.executor,
+                                             reward=self._spec("reward"), service_options=self._spec("service"),
+                                             pm=self.pm)
 
     def close(self) -> None:
         if self.executor is not None and hasattr(self.executor, "close"):
             self.executor.close()
             self.executor = None
-        if self._tmp is not None and not self.keep:
+        if self._tmp is not None and not self.options.keep_workspaces:
             self._tmp.cleanup()
             self._tmp = None

@@ -14,11 +14,12 @@ import json
 import random
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.core.interfaces import AgentTool
+from cuda_agent.core.configcheck import bounds
+from cuda_agent.core.interfaces import AgentTool, EnvironmentFactory
 from cuda_agent.core.tools.base import ToolContext
 from cuda_agent.core.types import RewardResult, Task, ToolResult, Trajectory
 
@@ -106,15 +107,24 @@ class ToyEnvironment:
 
 
 @dataclass
-class ToyEnvironmentFactory:
+class ToyOptions:
+    num_targets: int = field(default=4, metadata=bounds(min=1))  # target words drawn from (at most len(WORDS))
+    turn_penalty: float = 0.0  # reward taken off per turn after the first
+    workdir: str | None = None  # the folder every episode shares (a temporary one when None)
+
+
+class ToyEnvironmentFactory(EnvironmentFactory):
     """Tasks and environments of the guessing game."""
 
-    num_targets: int = 4
-    turn_penalty: float = 0.0
-    workdir: str | None = None
+    name = "toy"
+    description = "A guessing game whose reward a tiny random model learns to raise (CPU tests of training)."
+    Options = ToyOptions
+    makes_tasks = True
 
-    def __post_init__(self):
-        self.words = WORDS[: max(1, min(self.num_targets, len(WORDS)))]
+    def __init__(self, options: ToyOptions | None = None):
+        super().__init__(options)
+        self.turn_penalty = self.options.turn_penalty
+        self.words = WORDS[: max(1, min(self.options.num_targets, len(WORDS)))]
         self._tmp = None
         self._tmp_lock = threading.Lock()  # episodes are made from several threads at once
 
@@ -126,6 +136,8 @@ class ToyEnvironmentFactory:
         return out
 
     def make(self, task: Task, dest: Path | None = None) -> ToyEnvironment:
+        if dest is None and self.options.workdir:
+            dest = Path(self.options.workdir)
         if dest is None:
             with self._tmp_lock:  # one shared folder: a second one would be deleted under the first's users
                 if self._tmp is None:
