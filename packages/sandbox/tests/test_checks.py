@@ -95,9 +95,20 @@ def test_reference_model_rules(tmp_path):
 
 
 def test_fallback_rules(tmp_path):
+    """A try/except is a fallback when its handler produces the result another way."""
     src = "def forward(x):\n    try:\n        return k(x)\n    except Exception:\n        return x\n"
     found = FallbackCheck().check(ws_with(tmp_path, model_new=src))
-    assert found == [f"model_new.py:2: try/except around code of the candidate (rule static.fallback: {FallbackCheck.why})"]
+    assert found == [f"model_new.py:4: the except branch returns a value (a second way to produce the result) "
+                     f"(rule static.fallback: {FallbackCheck.why})"]
+    for bad in ("import torch\ndef f(x):\n    try:\n        y = k(x)\n    except Exception:\n        y = torch.relu(x)\n    return y\n",
+                "def f(x):\n    try:\n        y = k(x)\n    except Exception:\n        y = x * 0\n    return y\n"):
+        assert FallbackCheck().check(ws_with(tmp_path, model_new=bad)), bad
+    for fine in ("def f(x):\n    try:\n        return k(x)\n    except Exception as e:\n        raise RuntimeError('k') from e\n",
+                 "from torch.utils.cpp_extension import load_inline\ntry:\n    mod = load_inline(name='a', cpp_sources='')\n"
+                 "except Exception as e:\n    print('build failed', e)\n    raise\n",
+                 "try:\n    import prebuilt as mod\nexcept ImportError:\n    from torch.utils.cpp_extension import load_inline\n"
+                 "    mod = load_inline(name='a', cpp_sources='')\n"):
+        assert FallbackCheck().check(ws_with(tmp_path, model_new=fine)) == [], fine
     found = FallbackCheck().check(ws_with(tmp_path, model_new="import contextlib\nwith contextlib.suppress(Exception):\n    pass\n"))
     assert found and "suppress" in found[0]
 
@@ -105,10 +116,15 @@ def test_fallback_rules(tmp_path):
 def test_guard_tampering_rules(tmp_path):
     for src in ("import torch\ntorch._C._disable_torch_function_subclass()\n", "import inspect\n", "import gc\n",
                 "from torch.overrides import TorchFunctionMode\n", "import sys\nsys._getframe(1)\n",
-                "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n", "import torch\ntorch.library.custom_op\n"):
+                "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",
+                "import torch\ntorch.library.Library('aten', 'IMPL')\n", "import torch as t\ngetattr(t, 'o' + 'ps')\n"):
         found = GuardTamperingCheck().check(ws_with(tmp_path, model_new=src))
         assert found and "rule static.guard-tampering" in found[0], src
-    assert GuardTamperingCheck().check(ws_with(tmp_path, model_new="import torch\nimport torch.nn as nn\nimport ctypes\n")) == []
+    for fine in ("import torch\nimport torch.nn as nn\nimport ctypes\n",
+                 "import torch\n@torch.library.custom_op('mylib::relu', mutates_args=())\ndef relu(x: torch.Tensor) -> torch.Tensor:\n"
+                 "    return x\n",
+                 "custom_op = object()\nclass ModelNew:\n    def forward(self, x):\n        return custom_op\n"):
+        assert GuardTamperingCheck().check(ws_with(tmp_path, model_new=fine)) == [], fine
 
 
 def test_checks_are_plugins_and_run_together(tmp_path):

@@ -87,6 +87,9 @@ ATEN_ALLOWED = frozenset(
         "view_as_real", "view_as_complex", "movedim", "squeeze_", "unsqueeze_",
     }
 )
+# conversions compiled code (a binding) may make before its kernel runs: dtype, device, layout.
+# From Python in forward they stay refused (``x.contiguous()`` that copies, ``x.to(...)``)
+ATEN_CONVERSIONS = frozenset({"_to_copy", "clone", "copy_", "_copy_from", "_copy_from_and_resize", "contiguous"})
 # operator namespaces that belong to torch itself or third-party libraries
 BUILTIN_NAMESPACES = frozenset(
     {
@@ -276,6 +279,8 @@ class RuntimeGuard:
             elif ns != "aten" and ns not in ("prim", "prims"):
                 if op not in self.options.allow:
                     self._refuse(op, RULE_THIRD_PARTY)
+            elif name in ATEN_CONVERSIONS and not st.deferred and "aten." + name not in self.options.deny:
+                pass
             elif name not in self.aten_allowed and op not in self.options.allow:
                 if st.deferred:
                     outer, rule = st.deferred[-1]

@@ -103,6 +103,7 @@ class ProfileOptions:
     # as root on Linux: time the candidate as an unprivileged user, after the baselines
     # (see .privdrop); CUDA_AGENT_DROP_PRIVILEGES=0 switches it off too
     drop_privileges: bool = True
+    weights: str = "state_dict"  # how ModelNew gets Model's weights: state_dict | auto | seeded (judge/rules.py)
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
@@ -307,7 +308,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                     meta["timing_mode_reason"] = eager.mode_reason
             try:
                 timer.measure_overhead(profiler)  # plain mode: no graph of a call that does nothing
-                failed = session.load(o.baseline_seed, True, o.precision)
+                failed = session.load(o.baseline_seed, True, o.precision, o.weights)
                 if failed is not None:
                     return refused(failed)
                 options = dict(o.profiler_options) if timing_name == prof_name else {}

@@ -83,7 +83,11 @@ class VerifyOptions:
     guard: GuardOptions = field(default_factory=GuardOptions)
     static_checks: list[Any] | None = None  # names (or {name, options}); None = every registered static check
     poison: bool = True
-    strict_state_dict: bool = True
+    strict_state_dict: bool = True  # with weights: state_dict, every name must match (False: a partial load)
+    # the rule profile (cuda-agent | kernelbench | none) and how ModelNew gets Model's
+    # weights (state_dict | auto | seeded); see judge/rules.py
+    rules: str = "cuda-agent"
+    weights: str = "state_dict"
     timeout_s: float = 0.0  # Python-level watchdog per forward call (0 = none); the executor kills hung kernels
     reference: str = "model.py"
     candidate: str = "model_new.py"
@@ -97,6 +101,11 @@ class VerifyOptions:
     drop_privileges: bool = True
 
     def __post_init__(self) -> None:
+        from .judge.rules import apply_profile
+
+        if isinstance(self.guard, dict):
+            self.guard = GuardOptions(**self.guard)
+        apply_profile(self)
         if isinstance(self.extra_draws, str):
             self.extra_draws = [self.extra_draws]
         self.extra_draws = list(self.extra_draws or [])
@@ -191,7 +200,19 @@ def _unravel(flat_index: int, shape: tuple) -> tuple:
     return tuple(reversed(idx))
 
 
-def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, check_dtype: bool = True) -> Comparison:
+# a tolerance that cannot tell the reference from zero: at most this share of its elements
+# are larger than atol (softmax over very wide rows: every output near 1e-6)
+VACUOUS_SHARE = 0.01
+RULE_VACUOUS = "tolerance.vacuous"
+
+
+def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, check_dtype: bool = True,
+                    scaled: bool = True) -> Comparison:
+    """``|out - ref| <= atol + rtol |ref|`` everywhere, NaN/Inf only where the reference has
+    them. Where the tolerance cannot tell the reference from zero (``scaled``; see
+    :data:`VACUOUS_SHARE`), the output is also compared at the reference's own scale
+    (``atol`` times its largest magnitude) and a constant output is refused where the
+    reference is not (rule ``tolerance.vacuous``)."""
     import torch
 
     if not isinstance(out, torch.Tensor):
@@ -240,7 +261,8 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
             if cands:
                 first_bad, first_kind = min(cands)
     if first_bad is None:
-        return Comparison(True, "", path, max_abs, max_rel)
+        vacuous = _vacuous(out, ref, atol, rtol, path, check_dtype) if scaled and n else None
+        return vacuous or Comparison(True, "", path, max_abs, max_rel)
     idx = _unravel(first_bad, tuple(ref.shape)) if ref.dim() else ()
     got = out.reshape(-1)[first_bad].item() if not out.is_complex() else "?"
     want = ref.reshape(-1)[first_bad].item() if not ref.is_complex() else "?"
@@ -255,12 +277,53 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
     return Comparison(False, msg, where, max_abs, max_rel)
 
 
-def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "output", check_dtype: bool = True) -> Comparison:
+def reference_scale(ref: Any, atol: float) -> float | None:
+    """The largest magnitude of a reference the tolerance cannot tell from zero (see
+    :func:`compare_tensors`), or None when the tolerance can."""
+    import torch
+
+    if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or atol <= 0:
+        return None
+    finite = ref[torch.isfinite(ref)]
+    if finite.numel() == 0:
+        return None
+    mag = finite.abs()
+    scale = float(mag.max())
+    if scale <= 0 or (scale > atol and float((mag > atol).float().mean()) > VACUOUS_SHARE):
+        return None
+    return scale
+
+
+def _vacuous(out: Any, ref: Any, atol: float, rtol: float, path: str, check_dtype: bool) -> Comparison | None:
+    """A failed Comparison when ``out`` passed only because the tolerance is too coarse for
+    ``ref``'s scale (see :func:`compare_tensors`), else None."""
+    import torch
+
+    scale = reference_scale(ref, atol)
+    if scale is None:
+        return None
+    finite = ref[torch.isfinite(ref)]
+    fin_out = out[torch.isfinite(out)]
+    if fin_out.numel() and float(fin_out.max()) == float(fin_out.min()) and float(finite.max()) != float(finite.min()):
+        return Comparison(False, f"{path}: the output is constant ({float(fin_out.max()):.3g}) where the reference is not "
+                                 f"(it spans {float(finite.min()):.3g} .. {float(finite.max()):.3g}, all within "
+                                 f"atol={atol} of zero) (rule {RULE_VACUOUS}: an output must be computed, not "
+                                 f"guessed at a scale the tolerance cannot see)", path)
+    at_scale = compare_tensors(ref, out, atol * scale, rtol, path, check_dtype, scaled=False)
+    if at_scale.ok:
+        return None
+    return Comparison(False, f"{at_scale.message} -- compared at the reference's own scale (largest magnitude "
+                             f"{scale:.3g}, below atol={atol}: the tolerance alone could not tell it from zero) "
+                             f"(rule {RULE_VACUOUS})", at_scale.where, at_scale.max_abs_err, at_scale.max_rel_err)
+
+
+def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "output", check_dtype: bool = True,
+                    scaled: bool = True) -> Comparison:
     """Recursive comparison: same structure (tensor / tuple / list / dict / scalar)."""
     import torch
 
     if isinstance(ref, torch.Tensor):
-        return compare_tensors(ref, out, atol, rtol, path, check_dtype)
+        return compare_tensors(ref, out, atol, rtol, path, check_dtype, scaled)
     if isinstance(ref, (list, tuple)):
         if not isinstance(out, (list, tuple)):
             return Comparison(False, f"{path}: expected a {type(ref).__name__} of {len(ref)}, got {type(out).__name__}", path)
@@ -268,7 +331,7 @@ def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "o
             return Comparison(False, f"{path}: {len(out)} outputs, reference has {len(ref)}", path)
         worst = Comparison(True, "", path)
         for i, (r, o) in enumerate(zip(ref, out)):
-            c = compare_outputs(r, o, atol, rtol, f"{path}[{i}]", check_dtype)
+            c = compare_outputs(r, o, atol, rtol, f"{path}[{i}]", check_dtype, scaled)
             if not c.ok:
                 return c
             worst.max_abs_err = max(worst.max_abs_err, c.max_abs_err)
@@ -279,7 +342,7 @@ def compare_outputs(ref: Any, out: Any, atol: float, rtol: float, path: str = "o
             return Comparison(False, f"{path}: keys {sorted(map(str, out)) if isinstance(out, dict) else type(out).__name__} != reference {sorted(map(str, ref))}", path)
         worst = Comparison(True, "", path)
         for k in ref:
-            c = compare_outputs(ref[k], out[k], atol, rtol, f"{path}[{k!r}]", check_dtype)
+            c = compare_outputs(ref[k], out[k], atol, rtol, f"{path}[{k!r}]", check_dtype, scaled)
             if not c.ok:
                 return c
             worst.max_abs_err = max(worst.max_abs_err, c.max_abs_err)
@@ -473,6 +536,7 @@ class Loaded:
     cand_model: Any = None
     init_inputs: list = field(default_factory=list)
     custom_namespaces: set = field(default_factory=set)
+    weights: str = ""  # how ModelNew got Model's weights: state_dict | seeded
 
 
 class LoadFailure(Exception):
@@ -531,10 +595,14 @@ def build_models(ref_mod: Any, cand_mod: Any | None, device: Any, seed: int, str
 
 
 def build_candidate(loaded: Loaded, cand_mod: Any, device: Any, seed: int, strict_state_dict: bool = True,
-                    cand_name: str = "model_new.py", state: dict | None = None) -> Loaded:
-    """Build ``ModelNew`` beside the reference of ``loaded`` and load the reference's
-    ``state_dict`` (or ``state``) into it."""
+                    cand_name: str = "model_new.py", state: dict | None = None, weights: str = "state_dict") -> Loaded:
+    """Build ``ModelNew`` beside the reference of ``loaded`` (after the same seed) and give it
+    the reference's weights: its ``state_dict`` (or ``state``) with ``weights`` ``state_dict``,
+    none with ``seeded`` (both models built after the same seed), whichever applies with
+    ``auto``. ``loaded.weights`` says which it was."""
     import torch
+
+    from .judge.rules import RULE_STATE_DICT, state_dict_mismatch
 
     dev = torch.device(device)
     init = loaded.init_inputs
@@ -547,15 +615,24 @@ def build_candidate(loaded: Loaded, cand_mod: Any, device: Any, seed: int, stric
         cand_model = cand_model.to(dev)
     except Exception as exc:
         raise LoadFailure(FailureCategory.CRASH, f"ModelNew(*get_init_inputs()) failed: {_short_exc(exc, files=(cand_name,))}")
+    loaded.cand_model = cand_model
+    if weights == "seeded":
+        loaded.weights = "seeded"
+        return loaded
+    ref_state = ref_model.state_dict() if state is None else state
     try:
-        cand_model.load_state_dict(ref_model.state_dict() if state is None else state, strict=strict_state_dict)
+        cand_model.load_state_dict(ref_state, strict=strict_state_dict)
+        loaded.weights = "state_dict"
     except Exception as exc:
-        text = " ".join(str(exc).split())
+        if weights == "auto":  # KernelBench's protocol: both built after the same seed
+            loaded.weights = "seeded"
+            return loaded
+        what = state_dict_mismatch(ref_state, cand_model.state_dict()) or " ".join(str(exc).split())[:800]
         raise LoadFailure(
             FailureCategory.WRONG_RESULT,
-            f"ModelNew does not load Model's state_dict (rule state-dict: same parameter and buffer names and shapes as Model): {text[:800]}",
+            f"ModelNew does not load Model's state_dict (rule {RULE_STATE_DICT}: same parameter and buffer names and "
+            f"shapes as Model): {what}",
         )
-    loaded.cand_model = cand_model
     return loaded
 
 
@@ -635,7 +712,10 @@ class Verification:
         self.policy = policy_from(opts.precision)
         self.meta: dict[str, Any] = {"seed": self.seed, "precision_policy": self.policy.key, "atol": opts.atol,
                                      "rtol": opts.rtol}
+        self.meta["rule_profile"] = opts.rules
         self.checks: list[CheckResult] = []
+        self.first_output: Any = None  # the candidate's output on the first draw (for the decoy check)
+        self.scaled = True  # tiny outputs compared at their own scale (see scale_comparable)
         self.phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
         self.meta["phase_seconds"] = self.phases
 
@@ -648,7 +728,11 @@ class Verification:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
     def result(self, ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
+        from .judge.rules import rule_of
+
         o = self.opts
+        if not ok:
+            self.meta["rule"] = rule_of(message) or failure.value
         if len(message) > o.max_message_chars:
             message = message[: o.max_message_chars - 3] + "..."
         self.meta.update({k: v for k, v in self.s.meta.items() if k not in self.meta})
@@ -689,12 +773,13 @@ class Verification:
                     return self.result(False, exc.category, exc.message)
                 try:
                     # 3. the candidate, in its own process
-                    failed = s.load(self.seed, o.strict_state_dict, o.precision)
+                    failed = s.load(self.seed, o.strict_state_dict, o.precision, o.weights)
                 except CandidateProcessError as exc:
                     return self.refused(refusal_from_error(exc, "loading the candidate"))
             if failed is not None:
                 return self.refused(failed, "harness integrity" if failed.extra.get("tampered") else "")
             self.meta["custom_op_namespaces"] = list(s.load_reply.get("namespaces") or [])[:50]
+            self.meta["weights"] = s.weights
             self.meta["init_inputs"] = describe(self.ref.init_inputs)
             try:
                 with precision_context(self.policy) as flags:
@@ -739,12 +824,13 @@ class Verification:
                 return self.result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {_short_exc(exc)}")
             if i == 0:
                 self.meta["outputs"] = describe(ref_out)
+                self.scaled = self.scale_comparable(drawn.values, ref_out)
             del drawn
             failed = self.candidate_on(name, {"seed": s}, ref_out, name)
             del ref_out
             if failed is not None:
                 return failed
-        return self.extra_draws()
+        return self.extra_draws() or self.decoy() or self.second_seed()
 
     def extra_draws(self) -> VerifyResult | None:
         """The same shapes, floating-point values from other distributions (inputs outside
@@ -802,6 +888,77 @@ class Verification:
                 return failed
         return None
 
+    def scale_comparable(self, inputs: list, ref_out: Any) -> bool:
+        """Whether outputs the tolerance cannot tell from zero are compared at the reference's
+        own scale: not when the reference itself moves at that scale under ulp-sized input
+        changes (an output made of rounding noise, e.g. a sum that cancels)."""
+        import torch
+
+        o = self.opts
+        tensors = [ref_out] if isinstance(ref_out, torch.Tensor) else \
+            [t for t in (ref_out if isinstance(ref_out, (list, tuple)) else []) if isinstance(t, torch.Tensor)]
+        scales = [reference_scale(t, o.atol) for t in tensors]
+        if not any(x is not None for x in scales):
+            return True
+        try:
+            probe = self.ref.ref_model(*nudged(inputs, self.seed + 3))
+            synchronize(self.device)
+            stable = compare_outputs(ref_out, probe, o.atol, o.rtol, "output", o.check_dtype, scaled=True).ok
+        except Exception:
+            stable = False
+        self.meta["tolerance_scale"] = ("the reference's own scale (the tolerance cannot tell it from zero)" if stable
+                                        else "atol/rtol only (the reference is rounding noise at its own scale)")
+        return stable
+
+    def second_seed(self) -> VerifyResult | None:
+        """Weights by seed (KernelBench's protocol): both models built once more after another
+        seed and compared on one draw, so that a ModelNew holding one seed's values fails."""
+        from .judge.rules import RULE_SEEDED
+
+        if self.s.weights != "seeded":
+            return None
+        seed2 = (self.seed * 7919 + 104729) & 0x7FFFFFFF
+        try:
+            ref2 = build_models(self.ref_mod, None, self.device, seed2, True, self.s.cand_name)
+        except LoadFailure as exc:
+            return self.result(False, exc.category, exc.message)
+        reply = self.s._request({"op": "reseed", "seed": seed2})
+        if not reply.get("ok"):
+            return self.result(False, FailureCategory.CRASH, f"ModelNew after a second seed: {str(reply.get('message') or reply.get('error'))[:800]}")
+        s = input_seeds(self.seed ^ 0x3C3C3C3C, 1)[0]
+        drawn = draw_inputs(self.ref_mod.get_inputs, s, self.device)
+        ref_out = ref2.ref_model(*drawn.values)
+        synchronize(self.device)
+        self.meta["second_seed"] = seed2
+        return self.candidate_on(f"second seed {seed2}", {"seed": s}, ref_out,
+                                 f"the models built after a second seed (rule {RULE_SEEDED}: ModelNew must build its "
+                                 f"parameters from the seed as Model does, not hold one seed's values)")
+
+    def decoy(self) -> VerifyResult | None:
+        """Under the kernelbench profile: a custom kernel must run, and the output must change
+        when the custom kernels' outputs are poisoned."""
+        from .judge.rules import RULE_CUSTOM, RULE_DECOY
+
+        if self.opts.rules != "kernelbench" or self.first_output is None:
+            return None
+        s = self.meta["input_seeds"][0]
+        reply, poisoned = self.s.fetch({"op": "run", "seed": s, "poison": False, "poison_custom": True,
+                                        "guard": dataclasses.asdict(self.opts.guard), "candidate": self.s.cand_name},
+                                       "output")
+        calls = reply.get("custom_kernel_calls") if isinstance(reply.get("custom_kernel_calls"), int) else 0
+        self.meta["custom_kernel_calls"] = calls
+        if not calls:
+            return self.result(False, FailureCategory.FORBIDDEN_OP,
+                               f"no custom kernel ran in ModelNew.forward (rule {RULE_CUSTOM}: under the kernelbench "
+                               f"rules at least one kernel of the candidate's own must compute part of the result)")
+        if poisoned is not None and compare_outputs(self.first_output, poisoned, 0.0, 0.0, "output").ok:
+            return self.result(False, FailureCategory.FORBIDDEN_OP,
+                               f"the output does not change when the custom kernels' outputs are replaced by NaN "
+                               f"(rule {RULE_DECOY}: a custom kernel whose result is unused or overwritten by torch "
+                               f"does not count; the result must come from the candidate's kernels)")
+        self.meta["decoy_check"] = "passed"
+        return None
+
     def candidate_on(self, name: str, draw: dict, ref_out: Any, rule: str) -> VerifyResult | None:
         """The candidate (in its process: guarded, memory poisoned) on the inputs ``draw``
         names, compared here with ``ref_out``; a failed VerifyResult, or None when it matched."""
@@ -836,12 +993,14 @@ class Verification:
                 self.meta["cuda_context_broken"] = True
             return self.result(False, FailureCategory.CRASH, text)
         with self.phase("compare"):
-            cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output", o.check_dtype)
+            cmp = compare_outputs(ref_out, out, o.atol, o.rtol, "output", o.check_dtype, self.scaled)
         self.checks.append(CheckResult(name=name, passed=cmp.ok, max_abs_err=cmp.max_abs_err,
                                        max_rel_err=cmp.max_rel_err, where=cmp.where if not cmp.ok else "",
                                        message=cmp.message))
         if "candidate_outputs" not in self.meta:
             self.meta["candidate_outputs"] = describe(out)
+            if self.opts.rules == "kernelbench":
+                self.first_output = out
         del out
         if not cmp.ok:
             return self.result(False, FailureCategory.WRONG_RESULT, f"wrong result on {rule}: {cmp.message}")

@@ -1,9 +1,10 @@
 """Static check: no torch operators in the kernel sources (.cu/.cpp, and C++ strings of a
 single-file solution).
 
-The custom code may use torch only to describe and create tensors: ``torch::Tensor``,
+The custom code may use torch only to describe, create and convert tensors: ``torch::Tensor``,
 ``TensorOptions``, ``torch::empty``/``empty_like``/``zeros``..., the scalar types, the
-current CUDA stream and device guards, ``data_ptr``/``size``/``stride``/... on tensors, and
+current CUDA stream and device guards, ``data_ptr``/``size``/``stride``/... on tensors,
+conversions (``.to``, ``.contiguous``, ``.float()``, ``copy_``), and
 the macros (``TORCH_CHECK``, ``AT_DISPATCH_*``, ``PYBIND11_MODULE``, ``TORCH_LIBRARY``).
 Anything else (``at::matmul``, ``torch::relu``, ``x.sum()``, ``torch::nn::functional``)
 computes with torch and is refused. cuBLAS and cuDNN themselves are allowed (GEMMs and
@@ -63,6 +64,9 @@ ALLOWED_METHODS = frozenset(
         "new_full", "new_ones", "record_stream", "unsafeGetTensorImpl", "name", "names",
         "storage", "is_same", "use_count", "suggest_memory_format", "is_non_overlapping_and_dense",
         "cuda", "cpu",
+        # conversions: a binding may hand its kernel a tensor of the dtype, device or layout it takes
+        "to", "type_as", "float", "half", "double", "bfloat16", "int", "long", "bool", "char", "byte", "short",
+        "copy_", "clone",
         # cooperative groups / cub / common C++ member names that clash with tensor methods
         "any", "all", "ballot", "sync", "shfl", "shfl_down", "shfl_up", "shfl_xor",
         "thread_rank", "num_threads", "meta_group_rank", "index", "begin", "end", "first",

@@ -65,33 +65,91 @@ class ReferenceModelCheck(StaticCheck):
         return _dedupe(out)
 
 
+# calls an except branch may make: building or loading the candidate's own kernels
+BUILD_CALLS = ("torch.utils.cpp_extension.", "cuda_agent_runtime.", "ctypes.CDLL", "ctypes.cdll")
+
+
+def _always_raises(body: list) -> bool:
+    """The block ends in ``raise`` on every path (a statement at its top level, or an if
+    whose branches all do)."""
+    for stmt in body:
+        if isinstance(stmt, ast.Raise):
+            return True
+        if isinstance(stmt, ast.If) and stmt.orelse and _always_raises(stmt.body) and _always_raises(stmt.orelse):
+            return True
+    return False
+
+
+def _assigned(nodes: list) -> set[str]:
+    out = set()
+    for stmt in nodes:
+        for n in ast.walk(stmt):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                for x in ast.walk(t):
+                    if isinstance(x, ast.Name):
+                        out.add(x.id)
+    return out
+
+
 class FallbackCheck(StaticCheck):
     name = "no_fallback"
     rule = "static.fallback"
     why = "a failing custom path must fail verification, not fall back to another implementation"
-    description = "Refuses try/except (and contextlib.suppress) in the candidate module."
+    description = ("Refuses a try/except whose handler produces the result another way (returns a value, computes "
+                   "with torch or the reference, or sets again what the try block set); handlers that re-raise, "
+                   "log, or build/load the kernels pass. contextlib.suppress is refused.")
 
     def check(self, workspace: Path, candidate=None) -> list[str]:
         label, tree, _ = self.python_tree(Path(workspace), candidate)
         if tree is None:
             return []
+        names = Resolver(tree)
         out = []
         try_types = tuple(t for t in (ast.Try, getattr(ast, "TryStar", None)) if t is not None)
         for node in ast.walk(tree):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, try_types) and node.handlers:
-                out.append(self.violation(where, "try/except around code of the candidate"))
+                for h in node.handlers:
+                    why = self._fallback(h, node, names)
+                    if why:
+                        out.append(self.violation(f"{label}:{h.lineno}", f"the except branch {why}"))
+                        break
             elif isinstance(node, ast.Call) and dotted(node.func).endswith("suppress"):
                 out.append(self.violation(where, "contextlib.suppress swallows failures"))
         return out
+
+    @staticmethod
+    def _fallback(handler: ast.ExceptHandler, node: ast.AST, names: Resolver) -> str:
+        """Why the handler is a second implementation, or ""."""
+        if _always_raises(handler.body):
+            return ""
+        again = _assigned(node.body) & _assigned(handler.body)
+        for n in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
+            if isinstance(n, ast.Return) and n.value is not None:
+                return "returns a value (a second way to produce the result)"
+            if isinstance(n, ast.Call):
+                quals = names.qualified(n.func)
+                if any(q.startswith(BUILD_CALLS) for q in quals):
+                    continue
+                if any(q.split(".")[0] in ("torch", "numpy", "model") or q.startswith("builtins.exec") for q in quals):
+                    return f"computes with {sorted(quals)[0]} (a second implementation)"
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and again:
+                value = n.value
+                if isinstance(value, ast.Call) and any(q.startswith(BUILD_CALLS) for q in names.qualified(value.func)):
+                    continue
+                hit = again & _assigned([n])
+                if hit:
+                    return f"sets {sorted(hit)[0]} again (a second value for what the try block computes)"
+        return ""
 
 
 # qualified names whose use lets a candidate switch the run-time guard off or read the
 # harness's state (anything under them counts)
 TAMPER_ATTRS = frozenset(
     {
-        "torch._C", "torch.overrides", "torch.utils._python_dispatch", "torch.library",
-        "torch._ops", "torch._dynamo", "torch.ops.load_library", "torch._library",
+        "torch._C", "torch.overrides", "torch.utils._python_dispatch",
+        "torch._ops", "torch._dynamo", "torch._library",
         "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.meta_path",
         "sys.path_hooks", "sys.addaudithook", "os.environ", "torch.use_deterministic_algorithms",
         "torch.backends.cuda.matmul", "torch.backends.cudnn", "torch.set_float32_matmul_precision",
@@ -117,6 +175,9 @@ INTERNAL_ATTRS = frozenset(
         "__traceback__",
     }
 )
+# operator namespaces of torch itself: registering kernels into them would change torch's own
+# operators (the candidate's own namespaces are free)
+LIBRARY_PROTECTED = frozenset({"aten", "prim", "prims", "_c10d_functional", "c10d", "quantized", "cuda_agent"})
 # methods that replace the run-time guard when a class defines them
 TAMPER_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
 # objects a candidate may set attributes on by a computed name: its own
@@ -195,7 +256,16 @@ class GuardTamperingCheck(StaticCheck):
                     foreign = sorted(names.qualified(target))
                     if foreign or attr is None:
                         out.append(self.violation(where, f"setattr() on {foreign[0] if foreign else 'a computed object'}"))
-        if any(q in ("builtins.open", "io.open", "os.open") for q in names.qualified(node.func)) and node.args:
+        quals = names.qualified(node.func)
+        if any(q.startswith("torch.library.") for q in quals) and node.args:
+            first = literal_text(node.args[0]) or ""
+            if first.split("::")[0].split(".")[0] in LIBRARY_PROTECTED:
+                out.append(self.violation(where, f"registers into torch's own operators ({first!r}); register the "
+                                                 f"candidate's kernels under a namespace of its own"))
+        if any(q.startswith("torch.ops.load_library") for q in quals):
+            out.append(self.violation(where, "torch.ops.load_library (load kernels through cuda_agent_runtime or "
+                                             "torch.utils.cpp_extension)"))
+        if any(q in ("builtins.open", "io.open", "os.open") for q in quals) and node.args:
             path = literal_text(node.args[0])
             if path is not None and path.startswith("/proc"):
                 out.append(self.violation(where, f"opens {path} (other processes and this one's memory)"))

@@ -45,6 +45,9 @@ class _State:
         self.timing: dict = {}
         self.meta: dict = {}
         self.threads: Any = None
+        self.extensions: list = []
+        self.cand_name = "model_new.py"
+        self.strict = True
 
 
 def _error(exc: BaseException, files: tuple[str, ...] = ()) -> dict:
@@ -106,19 +109,146 @@ def do_load(st: _State, msg: dict) -> dict:
     st.harness = integrity.snapshot()
     seed, cand = int(msg["seed"]), msg["candidate"]
     name = os.path.basename(cand)
+    st.cand_name, st.strict = name, bool(msg.get("strict_state_dict", True))
     try:
         with torch.no_grad():
             st.ref_mod = load_reference(msg["reference"])
             loaded = build_models(st.ref_mod, None, st.device, seed, True, name)
+            before = set(sys.modules)
             cand_mod, st.namespaces = load_candidate(cand)
-            build_candidate(loaded, cand_mod, st.device, seed, bool(msg.get("strict_state_dict", True)), name)
+            st.extensions = _extensions(before, cand_mod)
+            build_candidate(loaded, cand_mod, st.device, seed, st.strict, name, weights=msg.get("weights", "state_dict"))
     except LoadFailure as exc:
         return {"ok": False, "category": exc.category.value, "message": exc.message,
                 "tampered": integrity.tampered(st.harness)}
     loaded.ref_model = None  # only its weights were needed here
     st.loaded = loaded
     return {"ok": True, "namespaces": sorted(st.namespaces), "init_inputs": describe(loaded.init_inputs),
-            "tampered": integrity.tampered(st.harness)}
+            "weights": loaded.weights, "tampered": integrity.tampered(st.harness)}
+
+
+def do_reseed(st: _State, msg: dict) -> dict:
+    """Both models built again after another seed, weights by that seed alone (the second
+    construction of KernelBench's protocol)."""
+    import torch
+
+    from ..verify import LoadFailure, build_candidate, build_models
+
+    if st.loaded is None:
+        return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}
+    try:
+        with torch.no_grad():
+            loaded = build_models(st.ref_mod, None, st.device, int(msg["seed"]), True, st.cand_name)
+            build_candidate(loaded, st.loaded.candidate, st.device, int(msg["seed"]), st.strict, st.cand_name,
+                            weights="seeded")
+    except LoadFailure as exc:
+        return {"ok": False, "category": exc.category.value, "message": exc.message}
+    loaded.ref_model = None
+    st.loaded = loaded
+    return {"ok": True}
+
+
+def _extensions(before: set, cand_mod: Any) -> list:
+    """The compiled modules and kernel libraries the candidate's import loaded: extension
+    modules, ctypes libraries it holds, the workspace runtime's kernel libraries."""
+    import ctypes
+    import importlib.machinery
+    import types
+
+    def compiled(obj: Any) -> bool:
+        if isinstance(obj, types.ModuleType):
+            return str(getattr(obj, "__file__", "") or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        return isinstance(obj, ctypes.CDLL) or hasattr(obj, "_functions")
+
+    found: list = []
+    for obj in [sys.modules.get(n) for n in set(sys.modules) - before] + list(vars(cand_mod).values()):
+        if compiled(obj) and not any(obj is f for f in found):
+            found.append(obj)
+    runtime = sys.modules.get("cuda_agent_runtime")
+    for v in (getattr(runtime, "_loaded", {}) or {}).values():
+        if not any(v is f for f in found):
+            found.append(v)
+    return found
+
+
+def _kernel_names(ext: Any) -> list[str]:
+    import ctypes
+
+    if isinstance(ext, ctypes.CDLL):  # the functions it was asked for so far (argtypes set at import)
+        return [k for k, v in vars(ext).items() if isinstance(v, ctypes._CFuncPtr)]
+    return list(getattr(ext, "_functions", {}) or []) or [n for n in dir(ext) if not n.startswith("_")]
+
+
+def _poison(obj: Any) -> None:
+    import torch
+
+    from . import rotation
+
+    for t in rotation._tensors(obj):
+        if t.is_floating_point() or t.is_complex():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.logical_not_()
+        else:
+            t.fill_(torch.iinfo(t.dtype).max)
+
+
+@contextlib.contextmanager
+def _custom_outputs_poisoned(st: _State) -> Any:
+    """While active, every output of the candidate's own kernels is overwritten with NaN (or
+    an extreme value) as soon as a kernel returns -- returned tensors, or the tensors passed
+    to a kernel that returns nothing; yields the count of kernel calls."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = [0]
+    patched: list[tuple] = []
+
+    def wrap(fn: Any) -> Any:
+        def poisoned(*a: Any, **k: Any) -> Any:
+            given = list(a) + list(k.values())
+            seen = [x for x in given if isinstance(x, torch.Tensor)]
+            ptrs = {x for x in given if isinstance(x, int) and not isinstance(x, bool) and x > 4096}
+            if ptrs:  # tensors handed over as raw data pointers (ctypes kernels)
+                caller = sys._getframe(1).f_locals
+                seen += [t for t in caller.values() if isinstance(t, torch.Tensor) and t.data_ptr() in ptrs]
+            before = [t.clone() for t in seen]
+            res = fn(*a, **k)
+            calls[0] += 1
+            # the kernel's outputs: what it returned, and what it wrote of what it was given
+            # (its inputs, weights among them, are left alone)
+            _poison([res] + [t for t, b in zip(seen, before) if not torch.equal(t, b)])
+            return res
+
+        return poisoned
+
+    for ext in st.extensions:
+        for n in _kernel_names(ext):
+            fn = getattr(ext, n, None)
+            if callable(fn) and not isinstance(fn, type):
+                try:
+                    setattr(ext, n, wrap(fn))
+                    patched.append((ext, n, fn))
+                except (AttributeError, TypeError):
+                    continue
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "namespace", "aten") in st.namespaces:
+                calls[0] += 1
+                _poison(out)
+            return out
+
+    try:
+        with _Mode():
+            yield calls
+    finally:
+        for ext, n, fn in patched:
+            try:
+                setattr(ext, n, fn)
+            except (AttributeError, TypeError):
+                pass
 
 
 def _inputs(st: _State, seed: int, extra: str | None) -> list:
@@ -149,12 +279,14 @@ def do_run(st: _State, msg: dict) -> tuple[dict, list[int]]:
     guard = None
     out = None
     err: BaseException | None = None
+    custom = _custom_outputs_poisoned(st) if msg.get("poison_custom") else contextlib.nullcontext([0])
     try:
         with torch.no_grad(), deadline(float(msg.get("timeout_s") or 0.0)):
-            with (fill_uninitialized() if poison else contextlib.nullcontext()):
+            with (fill_uninitialized() if poison else contextlib.nullcontext()), custom as custom_calls:
                 with forward_guard(guard_opts, st.namespaces) as guard:
                     out = st.loaded.cand_model(*inputs)
                 synchronize(st.device)
+        reply["custom_kernel_calls"] = custom_calls[0]
     except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -307,7 +439,7 @@ def do_integrity(st: _State, msg: dict) -> dict:
     return {"ok": True, "tampered": integrity.tampered(st.harness) if st.harness is not None else []}
 
 
-_COMMANDS = {"drop": do_drop, "load": do_load, "run": do_run, "warm": do_warm, "loop": do_loop,
+_COMMANDS = {"drop": do_drop, "load": do_load, "reseed": do_reseed, "run": do_run, "warm": do_warm, "loop": do_loop,
              "whole": do_whole, "outputs": do_outputs, "integrity": do_integrity}
 
 

@@ -56,6 +56,7 @@ class JudgeSession:
         self.proc: CandidateProcess | None = None
         self.loaded = False
         self.load_reply: dict = {}
+        self.weights: str | None = None  # how ModelNew got Model's weights (the candidate process's report)
         self.ipc = True
 
     # -- what the snapshot holds -------------------------------------------------------
@@ -77,14 +78,17 @@ class JudgeSession:
             self.meta.update({f"job_{k}": v for k, v in self.proc.isolation.items()})
         return self.proc
 
-    def load(self, seed: int, strict_state_dict: bool, precision: str) -> Refusal | None:
-        """Import the reference and the candidate in the candidate process."""
+    def load(self, seed: int, strict_state_dict: bool, precision: str, weights: str = "state_dict") -> Refusal | None:
+        """Import the reference and the candidate in the candidate process (``weights``: see
+        :mod:`.rules`; the reply's ``weights`` says which protocol applied)."""
         if self.loaded:
             return None
         proc = self.start()
         reply = self._request({"op": "load", "workspace": str(self.snap.root), "reference": str(self.reference),
                                "candidate": str(self.candidate), "seed": int(seed),
-                               "strict_state_dict": bool(strict_state_dict), "precision": precision})
+                               "strict_state_dict": bool(strict_state_dict), "precision": precision,
+                               "weights": weights})
+        self.weights = reply.get("weights") if reply.get("weights") in ("state_dict", "seeded") else None
         self.load_reply = reply
         tampered = _names(reply.get("tampered"))
         if not reply.get("ok"):
