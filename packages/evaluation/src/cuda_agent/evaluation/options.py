@@ -23,6 +23,7 @@ class EvalOptions:
     margin: float = field(metadata=bounds(min=0.0))
     max_infra_error_share: float = field(metadata=bounds(min=0.0, max=1.0))
     enforce_rules: bool
+    rules: str
     verify: dict
     profile: dict
     formats: list
