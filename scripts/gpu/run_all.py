@@ -44,6 +44,7 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "reward_checks": ([], 330, "issue 4: pool recovery and reward verdicts on real kernels", 1),
     "privdrop_check": ([], 150, "candidate jobs run without root; CUDA and the baseline cache still work", 1),
     "judge_checks": ([], 420, "issue 17: attacks on the judge refused or timed like the honest kernel", 1),
+    "fair_judge_checks": ([], 360, "issue 19: honest third-party styles pass, degenerate outputs and decoys fail", 1),
     "bench_reward": ([], 420, "issue 4: one reward end to end vs the paper's scripts", 1),
     "repro_timing": ([], 560, "issue 4: timing reproducibility over KernelBench L1", 1),
     "cpu_baselines": ([], 120, "CPU backend baselines on a many-core host", 1),
