@@ -17,12 +17,13 @@ Environment variables:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pluggy
 
@@ -272,6 +273,19 @@ def get_plugin_manager() -> PluginManager:
         if _default is None:
             _default = PluginManager()
         return _default
+
+
+@contextlib.contextmanager
+def plugin_manager_in_use(pm: PluginManager) -> Iterator[PluginManager]:
+    """Make ``pm`` the process-wide plugin manager inside the block (what the commands use)."""
+    global _default
+    with _default_lock:
+        before, _default = _default, pm
+    try:
+        yield pm
+    finally:
+        with _default_lock:
+            _default = before
 
 
 def reset_plugin_manager() -> None:

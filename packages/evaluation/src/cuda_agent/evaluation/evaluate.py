@@ -147,6 +147,8 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
         work_dir=opts.work_dir,
         trajectories=TrajectoryStore(run.path("trajectories.jsonl")),
         keep_workspaces=opts.keep_workspaces,
+        on_trajectory=lambda traj: pm.hook.on_trajectory_end(run=run, trajectory=traj),
+        pm=pm,
     )
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.types import (
@@ -24,6 +24,7 @@ from cuda_agent.core.types import (
     FailureCategory,
     ProfileResult,
     Task,
+    Trajectory,
     VerifyResult,
 )
 
@@ -315,7 +316,8 @@ class AgentScorer:
 
     ``make_env(task, workspace_dir)`` builds the episode's environment (the sandbox's
     CudaEnvironment by default); trajectories are appended to ``trajectories`` (a
-    TrajectoryStore) when given.
+    TrajectoryStore) when given and handed to ``on_trajectory`` (the run's
+    ``on_trajectory_end`` hook). ``pm``: whose ``check_tool_call`` hook the episodes ask.
     """
 
     def __init__(
@@ -328,6 +330,8 @@ class AgentScorer:
         work_dir: str | Path = "workspaces",
         trajectories: Any = None,
         keep_workspaces: bool = False,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+        pm: Any = None,
     ):
         self.policy = policy
         self.make_env = make_env
@@ -336,6 +340,8 @@ class AgentScorer:
         self.work_dir = Path(work_dir)
         self.trajectories = trajectories
         self.keep = keep_workspaces
+        self.on_trajectory = on_trajectory
+        self.pm = pm
 
     def score(self, task: Task) -> TaskResult:
         from cuda_agent.core.agent import run_episode_sync
@@ -348,7 +354,7 @@ class AgentScorer:
             dest = self.work_dir / _safe(task.id) / f"a{attempt}"
             env = self.make_env(task, dest)
             try:
-                traj = run_episode_sync(task, self.policy, env, self.agent_options)
+                traj = run_episode_sync(task, self.policy, env, self.agent_options, pm=self.pm)
             finally:
                 try:
                     env.close()
@@ -358,6 +364,8 @@ class AgentScorer:
             finish.append(traj.finish_reason)
             if self.trajectories is not None:
                 self.trajectories.append(traj)
+            if self.on_trajectory is not None:
+                self.on_trajectory(traj)
             if traj.infra_error:  # not the model's result: the task is redone on resume
                 r = infra_error_result(task.id, str(traj.metadata.get("error") or "infrastructure error"),
                                        level=task.level, name=task.name, seconds=time.perf_counter() - t0)

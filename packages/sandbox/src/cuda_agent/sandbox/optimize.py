@@ -255,7 +255,7 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
         )
         bar = Progress(options.max_turns, enabled=progress)
         try:
-            traj = run_episode_sync(task, policy, env, options, on_event=bar)
+            traj = run_episode_sync(task, policy, env, options, on_event=bar, pm=pm)
         finally:
             bar.close()
             env.close()

@@ -4,6 +4,7 @@ cuda-agent-sandbox), sharing one executor (the GPU/CPU job pool) across all epis
 from __future__ import annotations
 
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class CudaEnvironmentFactory(EnvironmentFactory):
                 raise ConfigError(f"unknown option trainer.environment.options.environment.{key} for environment "
                                   f"'cuda'; {did_you_mean(key, names)}")
         self._tmp = None
+        self._lock = threading.Lock()  # episodes are made from several threads at once
         self.cfg = None
         self.pm = None
         self.executor = None
@@ -65,9 +67,10 @@ class CudaEnvironmentFactory(EnvironmentFactory):
         if self.options.workdir:
             Path(self.options.workdir).mkdir(parents=True, exist_ok=True)
             return Path(self.options.workdir)
-        if self._tmp is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="cuda-agent-train-")
-        return Path(self._tmp.name)
+        with self._lock:  # one folder: a second one would replace it and be deleted under its users
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="cuda-agent-train-")
+            return Path(self._tmp.name)
 
     def env_options(self) -> Any:
         """The episodes' EnvironmentOptions: the run's ``environment:`` section (and top-level
@@ -82,12 +85,13 @@ class CudaEnvironmentFactory(EnvironmentFactory):
 
     def make(self, task: Any, dest: Path | None = None) -> Any:
         opts = self.env_options()
-        if self.executor is None:
-            spec = self._spec("executor")
-            if spec and spec.get("name"):
-                if self._sandbox.detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
-                    spec = {"name": "cpu"}
-                self.executor = self.pm.create("executor", spec, where="executor")
+        with self._lock:  # one executor pool for all episodes
+            if self.executor is None:
+                spec = self._spec("executor")
+                if spec and spec.get("name"):
+                    if self._sandbox.detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
+                        spec = {"name": "cpu"}
+                    self.executor = self.pm.create("executor", spec, where="executor")
         dest = dest or self._root() / f"{task.id.replace('/', '_')}-{uuid.uuid4().hex[:8]}"
         return self._sandbox.CudaEnvironment(task, dest, opts, compiler=self._spec("compiler"),
                                              sandbox=self._spec("sandbox"), executor=self.executor,
