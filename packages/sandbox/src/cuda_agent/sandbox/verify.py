@@ -62,8 +62,7 @@ from typing import Any, Iterator
 
 from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
 
-from . import integrity
-from .guard import ForbiddenOpError, GuardOptions, forward_guard, new_namespaces, registered_op_names
+from .guard import GuardOptions, new_namespaces, registered_op_names
 from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
 from .precision import policy_from, precision_context
 

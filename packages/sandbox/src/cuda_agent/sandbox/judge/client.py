@@ -19,12 +19,12 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from typing import Any
 
 from cuda_agent.core.errors import CudaAgentError
 
 from . import identity, wire
+from .tensors import close_all as _close
 
 START_TIMEOUT = 180.0
 
@@ -211,14 +211,6 @@ class CandidateProcess:
             pass
         self._log.close()
         return self.isolation
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _devnull() -> Any:

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,6 @@ JOB_UID_COUNT = 1000
 PIDNS_ENV = "CUDA_AGENT_JOB_PIDNS"  # "0": no PID namespace for candidate processes
 _CLONE_NEWPID = 0x20000000
 
-# kills every process the caller may signal, as the given user (kill(-1) spares the caller)
-_KILL_ALL = "import os,sys;u=int(sys.argv[1]);os.setgroups([]);os.setgid(u);os.setuid(u);os.kill(-1,9)"
 
 
 def lock_dir() -> Path:
@@ -52,41 +49,23 @@ class JobIdentity:
 
 
 def processes_of(uid: int) -> list[int]:
-    """Pids of the processes whose real, effective or saved user id is ``uid``."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as fh:
-                for line in fh:
-                    if line.startswith("Uid:"):
-                        ids = {int(x) for x in line.split()[1:4]}
-                        if uid in ids:
-                            out.append(int(name))
-                        break
-        except (OSError, ValueError):
-            continue
-    return out
+    """Pids of the living processes of ``uid`` (see :func:`..sandboxes.common.processes_of_uid`)."""
+    from ..sandboxes.common import processes_of_uid
+
+    return processes_of_uid(uid)
 
 
-def sweep(uid: int, rounds: int = 20) -> int:
-    """Kill every process of ``uid`` (as root); returns how many there were. Repeats until
-    none is left, so that processes forked while the first signals went out die too."""
-    if os.geteuid() != 0 or uid <= 0:
+def sweep(uid: int) -> int:
+    """Kill every process of ``uid`` (as root) and check that none is left; returns how many
+    there were. Raises when one survives."""
+    from ..sandboxes.common import is_root, sweep_uid
+
+    if not is_root() or uid <= 0:
         return 0
     first = processes_of(uid)
     if not first:
         return 0
-    for _ in range(rounds):
-        subprocess.run([sys.executable, "-I", "-S", "-c", _KILL_ALL, str(uid)], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-        deadline = time.monotonic() + 2.0
-        while processes_of(uid) and time.monotonic() < deadline:
-            time.sleep(0.01)  # killed processes disappear once reaped
-        if not [p for p in processes_of(uid) if not _zombie(p)]:
-            return len(first)
-    left = [p for p in processes_of(uid) if not _zombie(p)]
+    left = sweep_uid(uid, uid)
     if left:
         raise RuntimeError(f"processes of job user {uid} survive SIGKILL: {left[:5]}")
     return len(first)
@@ -115,14 +94,6 @@ def cpu_seconds(uid: int | None = None, pid: int | None = None) -> tuple[float, 
         except (OSError, ValueError, IndexError):
             continue
     return total, seen
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _pidns_marker(device: str) -> Path:

@@ -105,7 +105,6 @@ def loop_overhead_ms(profiler: Any, pristine: list, ref_out: Any, device: Any, c
         if mode == "plain":
             out["fixed"] = max(0.0, short - few * out[mode])
             out["cpu"] = min(cpu)  # CPU time per call of the untimed work, this thread's
-    del work, slot
     return out
 
 

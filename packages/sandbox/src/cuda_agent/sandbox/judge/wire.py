@@ -15,8 +15,6 @@ import select
 import socket
 import struct
 import time
-from typing import Any
-
 from cuda_agent.core.errors import CudaAgentError
 
 MAX_MESSAGE = 64 << 20  # bytes of JSON in one message

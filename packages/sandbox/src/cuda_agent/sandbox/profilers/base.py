@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from cuda_agent.core.errors import CudaAgentError
+from cuda_agent.core.interfaces import Profiler
 from cuda_agent.core.types import Timing
 
 # prepare(iteration, inputs) runs before each timed call, outside the timed region
@@ -34,6 +35,36 @@ class TimingRun:
 
 class ProfilerError(CudaAgentError):
     """A profiler cannot run here (no GPU, no ncu, bad options)."""
+
+
+class TwoPhaseProfiler(Profiler):
+    """A profiler whose timing comes in two halves, so that a judge can drive them one by one
+    (see :mod:`cuda_agent.sandbox.judge.timing`): :meth:`begin` (warm-up; returns a
+    :class:`TimingRun`), :meth:`loop` (``n`` timed calls, ``prepare``/``after`` around each,
+    outside the timed region) and :meth:`finish` (the samples summarised). Its options have
+    ``target_ms``, ``min_iters`` and ``max_iters``."""
+
+    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
+             after: After | None = None) -> Timing:
+        run = self.begin(fn, input_sets, device)
+        samples, info = self.loop(run, self.iterations(run.estimate_ms), prepare, after)
+        return self.finish(samples, run.method, run.warmup_ms, info)
+
+    def iterations(self, estimate_ms: float) -> int:
+        o = self.options
+        return iterations_for(estimate_ms, o.target_ms, o.min_iters, o.max_iters)
+
+    def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
+        timing = summarize(samples, method, self.options.keep_samples)
+        timing.warmup_ms = round(warmup_ms, 1)
+        return timing
+
+    def begin(self, fn: Any, input_sets: list, device: Any = None) -> "TimingRun":
+        raise NotImplementedError
+
+    def loop(self, run: "TimingRun", n: int, prepare: Prepare | None = None,
+             after: After | None = None) -> tuple[list[float], dict]:
+        raise NotImplementedError
 
 
 def relative_spread(xs: list[float]) -> float:

@@ -48,11 +48,10 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cuda_agent.core.interfaces import Profiler
 from cuda_agent.core.types import Timing
 
 from ..judge import native
-from .base import After, Prepare, ProfilerError, TimingRun, iterations_for, no_gc, settled, summarize, window_calls
+from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc, settled, window_calls
 
 
 def _device(device: Any):
@@ -109,7 +108,7 @@ def l2_flush_buffer(dev: Any, nbytes: int = 0):
     return torch.empty(nbytes // 4, dtype=torch.int32, device=dev)
 
 
-class CudaEventsProfiler(Profiler):
+class CudaEventsProfiler(TwoPhaseProfiler):
     name = "cuda_events"
     backend = "cuda"
     description = (
@@ -134,12 +133,6 @@ class CudaEventsProfiler(Profiler):
         settle_ms: float = 1500.0  # longest extra warm-up waiting for per-call times to level off
         settle_tol: float = 0.005
 
-    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
-             after: After | None = None) -> Timing:
-        run = self.begin(fn, input_sets, device)
-        samples, info = self.loop(run, self.iterations(run.estimate_ms), prepare, after)
-        return self.finish(samples, run.method, run.warmup_ms, info)
-
     # -- the two halves of a timing (a judge drives them separately) ------------------
 
     def begin(self, fn: Any, input_sets: list, device: Any = None) -> TimingRun:
@@ -163,10 +156,6 @@ class CudaEventsProfiler(Profiler):
         return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=est, warmup_ms=warmup_ms,
                          method=self.name + ("+graph" if graphs is not None else ""),
                          state={"dev": dev, "stream": stream, "flush": flush, "latency": latency})
-
-    def iterations(self, estimate_ms: float) -> int:
-        o = self.options
-        return iterations_for(estimate_ms, o.target_ms, o.min_iters, o.max_iters)
 
     def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
              after: After | None = None) -> tuple[list[float], dict]:
@@ -201,8 +190,7 @@ class CudaEventsProfiler(Profiler):
         return samples, {"sync_each": bool(sync_each), "escaped": escaped}
 
     def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
-        timing = summarize(samples, method, self.options.keep_samples)
-        timing.warmup_ms = round(warmup_ms, 1)
+        timing = super().finish(samples, method, warmup_ms, info)
         if (info or {}).get("escaped", 0) > len(samples) // 2:
             timing.method += "+host"  # most calls left work on other streams: host-timed
         return timing

@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cuda_agent.core.interfaces import Profiler
-from cuda_agent.core.types import Timing
 
 from ..judge import native
-from .base import After, Prepare, ProfilerError, TimingRun, iterations_for, no_gc, summarize
+from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc
 
 
-class WallclockProfiler(Profiler):
+class WallclockProfiler(TwoPhaseProfiler):
     name = "wallclock"
     backend = "cpu"
     description = "CPU wall-clock time per call (compiled loop, CLOCK_MONOTONIC): warm-up, rotated inputs, optional cache flush, median and spread"
@@ -27,12 +25,6 @@ class WallclockProfiler(Profiler):
         max_iters: int = 1000
         flush_bytes: int = 0  # >0: write this many bytes between calls to evict CPU caches
         keep_samples: int = 200
-
-    def time(self, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
-             after: After | None = None) -> Timing:
-        run = self.begin(fn, input_sets, device)
-        samples, info = self.loop(run, self.iterations(run.estimate_ms), prepare, after)
-        return self.finish(samples, run.method, run.warmup_ms, info)
 
     def begin(self, fn: Any, input_sets: list, device: Any = None) -> TimingRun:
         """Warm-up (and a first estimate of one call), timed by the compiled loop's clock."""
@@ -53,10 +45,6 @@ class WallclockProfiler(Profiler):
                 break
         return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=last, warmup_ms=mod.host_ms() - t_start,
                          method=self.name)
-
-    def iterations(self, estimate_ms: float) -> int:
-        o = self.options
-        return iterations_for(estimate_ms, o.target_ms, o.min_iters, o.max_iters)
 
     def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
              after: After | None = None) -> tuple[list[float], dict]:
@@ -79,8 +67,3 @@ class WallclockProfiler(Profiler):
             _, host_ms = native.timing().run_loop(run.calls, n, prepare=prep if prepare or flush is not None else None,
                                                   after=after)
         return list(host_ms), {}
-
-    def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
-        timing = summarize(samples, method, self.options.keep_samples)
-        timing.warmup_ms = round(warmup_ms, 1)
-        return timing
