@@ -133,7 +133,8 @@ def run_ours(a) -> dict:
     dev, dtype = _device_and_dtype(a)
     model, tok, suppress = _load(a, dev, dtype)
     model.generation_config.suppress_tokens = suppress  # every completion is new_tokens long
-    opts = EngineOptions(backend="accelerate", device=dev.type, mixed_precision="bf16" if dtype == torch.bfloat16 else "no")
+    opts = EngineOptions(backend="accelerate", device=dev.type, mixed_precision="bf16" if dtype == torch.bfloat16 else "no",
+                         gradient_checkpointing=False)
     engine = build_engine(model, 1e-6, 1.0, opts)
     n = a.prompts * a.group
     algo = GRPO(GRPOOptions(batch_size=n, group_size=a.group, mini_batch_size=n, micro_batch_size=a.micro,

@@ -392,7 +392,7 @@ def ppo_worker(out_dir: str, model_dir: str, backend: str, device: str, n_traj: 
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    opts = EngineOptions(backend=backend, zero_stage=2, device=device, mixed_precision="no")
+    opts = EngineOptions(backend=backend, zero_stage=2, device=device, mixed_precision="no", gradient_checkpointing=False)
     actor = build_engine(load_causal_lm(model_dir), 1e-4, 1.0, opts)
     critic = build_engine(ValueModel.from_pretrained(model_dir), 1e-4, 1.0, opts)
     vocab = actor.module.config.vocab_size if hasattr(actor.module, "config") else 60

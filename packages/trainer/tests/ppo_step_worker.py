@@ -39,7 +39,7 @@ def trajectories(n=4, vocab=60):
 def main():
     out, backend, stage, model_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     torch.manual_seed(0)
-    opts = EngineOptions(backend=backend, zero_stage=stage, device="cpu", mixed_precision="no")
+    opts = EngineOptions(backend=backend, zero_stage=stage, device="cpu", mixed_precision="no", gradient_checkpointing=False)
     actor = build_engine(load_causal_lm(model_dir), 1e-3, 1.0, opts)
     critic = build_engine(ValueModel.from_pretrained(model_dir), 1e-3, 1.0, opts)
     algo = PPO(PPO.Options(batch_size=4, mini_batch_size=4, micro_batch_size=1, value_clip=0.2))

@@ -22,7 +22,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .configcheck import check_values, collect_schemas
+from .configcheck import check_values, collect_schemas, schema_defaults
 from .errors import ConfigError, did_you_mean
 from .plugins import PluginManager, get_plugin_manager
 
@@ -46,8 +46,13 @@ OPEN_KEYS = {"options", "metadata", "env", "extra", "sampling", "verify_options"
 
 
 def base_config() -> DictConfig:
+    """``configs/base.yaml`` and the ``agent:`` section, made from :class:`AgentOptions`'s defaults."""
+    from .agent.loop import AgentOptions
+
     text = resources.files("cuda_agent.core").joinpath("configs/base.yaml").read_text()
-    return OmegaConf.create(yaml.safe_load(text))
+    cfg = OmegaConf.create(yaml.safe_load(text))
+    cfg.agent = schema_defaults(AgentOptions)
+    return cfg
 
 
 def _load_fragment(source: str, fragment: Any) -> DictConfig:
@@ -169,6 +174,14 @@ def check_keys(known: Any, given: Any, source: str, path: str = "") -> None:
         check_keys(sub_known, sub_given, source, full)
 
 
+def default_config(pm: PluginManager | None = None) -> DictConfig:
+    """The base config with every plugin's fragments merged over it: the defaults of a run."""
+    cfg = base_config()
+    for _source, frag in fragments(pm or get_plugin_manager()):
+        cfg = OmegaConf.merge(cfg, frag)
+    return cfg
+
+
 def compose(
     files: Iterable[str | Path] = (),
     overrides: Iterable[str] = (),
@@ -177,9 +190,7 @@ def compose(
 ) -> DictConfig:
     """Compose the run config; validate components when ``validate``."""
     pm = pm or get_plugin_manager()
-    cfg = base_config()
-    for _source, frag in fragments(pm):
-        cfg = OmegaConf.merge(cfg, frag)
+    cfg = default_config(pm)
     defaults = OmegaConf.to_container(cfg, resolve=False)
     for f in files:
         source, layer = str(f), load_yaml(f)

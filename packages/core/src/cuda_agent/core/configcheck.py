@@ -204,3 +204,95 @@ def check_values(cfg: DictConfig, defaults: Any, schemas: Schemas, open_keys: se
                     visit(item, f"{pattern}[]", f"{where}[{i}]", None)
 
     visit(cfg, "", "", defaults)
+
+
+# --- one place for each default ------------------------------------------------------------
+
+_NO_DEFAULT = object()
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default (its factory called), or ``_NO_DEFAULT`` for a field without one."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return _NO_DEFAULT
+
+
+def schema_defaults(schema: type) -> dict:
+    """The defaults of an options dataclass as plain config values (nested dataclasses as
+    mappings, tuples as lists): what a config fragment generated from it holds. Every field
+    must have a default."""
+    out: dict = {}
+    for f in dataclasses.fields(schema):
+        value = field_default(f)
+        if value is _NO_DEFAULT:
+            raise ConfigError(f"{schema.__name__}.{f.name} has no default to put in a config fragment")
+        out[f.name] = _plain_value(value)
+    return out
+
+
+def _plain_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain_value(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain_value(v) for k, v in value.items()}
+    return value
+
+
+def default_disagreements(defaults: Mapping, schemas: Schemas) -> list[str]:
+    """Where the composed defaults (base config and fragments) and the options dataclasses
+    that type their sections say different things, one line each:
+
+    * a key whose fragment default differs from its field's default (both set by hand);
+    * a field with no default whose key no fragment gives (a default nowhere);
+    * a fragment key that is no field of the section's schema.
+
+    Sections of list elements (``trainer.stages[]``) hold presets, not defaults, and a
+    section whose default is null (``trainer.agent_defaults``) takes the dataclass's.
+    """
+    problems: list[str] = []
+
+    def compare(node: Mapping, schema: type, path: str) -> None:
+        names = {f.name for f in dataclasses.fields(schema)}
+        for f in dataclasses.fields(schema):
+            key, default = f"{path}.{f.name}", field_default(f)
+            if f.name not in node:
+                if default is _NO_DEFAULT:
+                    problems.append(f"{key}: no default anywhere (no config fragment gives it and "
+                                    f"{schema.__name__}.{f.name} has none)")
+                continue
+            value = node[f.name]
+            if default is _NO_DEFAULT:
+                continue
+            if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
+                compare(value, type(default), key)
+            elif not _same(value, _plain_value(default)):
+                problems.append(f"{key}: the config fragment says {_shown(value)} but {schema.__name__}.{f.name} "
+                                f"says {_shown(_plain_value(default))}; keep the default in one place")
+        for k in node:
+            if k not in names:
+                problems.append(f"{path}.{k}: in a config fragment but no field of {schema.__name__}")
+
+    for section, schema in sorted(schemas.items()):
+        if "[]" in section:
+            continue
+        node: Any = defaults
+        for part in section.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            compare(node, schema, section)
+    return problems
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b

@@ -191,6 +191,18 @@ class PluginTester:
 
         return compose(list(files), list(overrides), pm=self.pm)
 
+    def default_disagreements(self) -> list[str]:
+        """Where these plugins' config fragments and options dataclasses give a section's
+        defaults differently (one line each; see :func:`~cuda_agent.core.configcheck.default_disagreements`).
+        A plugin's test asserts it is empty."""
+        from omegaconf import OmegaConf
+
+        from .config import default_config
+        from .configcheck import collect_schemas, default_disagreements
+
+        defaults = OmegaConf.to_container(default_config(self.pm), resolve=False)
+        return default_disagreements(defaults, collect_schemas(self.pm))
+
     # -- commands --------------------------------------------------------------------------
 
     def run(self, *args: str) -> CommandResult:

@@ -1,4 +1,4 @@
-"""Built-in datasets plugin: the dataset loaders, the config fragment and ``cuda-agent data``."""
+"""Built-in datasets plugin: the dataset loaders, the config fragment and its schema, ``cuda-agent data``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ def register_datasets(register):
 @hookimpl
 def register_config_fragments(register):
     register("datasets", Path(__file__).parent / "configs" / "datasets.yaml")
+
+
+@hookimpl
+def register_config_schemas(register):
+    from .synthesis.pipeline import SynthesisOptions
+
+    register("synthesis", SynthesisOptions)
 
 
 @hookimpl

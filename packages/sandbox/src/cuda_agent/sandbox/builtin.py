@@ -17,7 +17,12 @@ def register_executors(register):
 
 @hookimpl
 def register_config_fragments(register):
+    from cuda_agent.core.configcheck import schema_defaults
+
+    from .service import ServiceOptions
+
     register("sandbox.executor", Path(__file__).parent / "configs" / "executor.yaml")
+    register("sandbox.service", {"service": schema_defaults(ServiceOptions)})
     register("sandbox.environment", Path(__file__).parent / "configs" / "environment.yaml")
 
 

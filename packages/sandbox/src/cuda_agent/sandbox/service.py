@@ -59,21 +59,24 @@ _MAX_UNIX_PATH = 107  # sun_path is 108 bytes on Linux, the final NUL included
 
 @dataclass
 class ServiceOptions:
-    compile_timeout: float = 300.0
-    compile_memory_mb: int = 0
-    compile_in: str = "worker"  # worker | inline
-    verify_timeout: float = 120.0
-    profile_timeout: float = 300.0
+    """The ``service:`` section of a run config (its defaults are these; the sandbox's config
+    fragment is made from them)."""
+
+    compile_timeout: float = 300.0  # seconds for one build (killed with its process group after)
+    compile_memory_mb: int = 0  # address-space limit of the compile worker (0: none)
+    compile_in: str = "worker"  # worker (a separate, killable process) | inline
+    verify_timeout: float = 120.0  # per verification job
+    profile_timeout: float = 300.0  # per profiling job
     verify_job: str = "cuda_agent.sandbox.executors.tasks:verify"
     profile_job: str = "cuda_agent.sandbox.executors.tasks:profile"
     # verify+profile as one job (one worker start instead of two; a hang then costs both
-    # timeouts); "" = two jobs, each with its own timeout
+    # timeouts), e.g. cuda_agent.sandbox.executors.tasks:evaluate; "" = two jobs, each with its own timeout
     evaluate_job: str = ""
-    verify_options: dict = field(default_factory=dict)
-    profile_options: dict = field(default_factory=dict)
-    profile_verifies: bool = True
-    reuse_results: bool = True
-    history_limit: int = 1000
+    verify_options: dict = field(default_factory=dict)  # passed to the verification job (VerifyOptions fields)
+    profile_options: dict = field(default_factory=dict)  # passed to the profiling job (ProfileOptions fields)
+    profile_verifies: bool = True  # profile = build + verify (reused when files are unchanged) + time
+    reuse_results: bool = True  # unchanged files -> the earlier verify/profile result is returned
+    history_limit: int = 1000  # requests kept in service.history
     history_file: str = "history.jsonl"  # every request as a JSON line in <ws>/.cuda_agent/ ("" = none)
 
     @classmethod

@@ -34,7 +34,12 @@ def register_trackers(register):
 
 @hookimpl
 def register_config_fragments(register):
+    from cuda_agent.core.configcheck import schema_defaults
+
+    from .engine import EngineOptions
+
     register("trainer", Path(__file__).parent / "configs" / "trainer.yaml")
+    register("trainer.engine", {"trainer": {"engine": schema_defaults(EngineOptions)}})
 
 
 @hookimpl

@@ -24,12 +24,15 @@ from cuda_agent.core.errors import ConfigError
 
 @dataclass
 class EngineOptions:
+    """``trainer.engine``: the defaults are the paper's preset, and the trainer's config
+    fragment is made from them (CPU runs set ``mixed_precision: 'no'``, as configs/toy.yaml does)."""
+
     backend: str = "auto"  # auto | deepspeed | accelerate  (auto: deepspeed when installed and on CUDA)
-    zero_stage: int = 2  # 2 or 3 (deepspeed)
+    zero_stage: int = 3  # 2 or 3 (deepspeed)
     ds_config: str | None = None  # a DeepSpeed JSON file replacing the packaged zero2/zero3 one
-    mixed_precision: str = "no"  # no | bf16 | fp16
+    mixed_precision: str = "bf16"  # no | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = True
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
