@@ -106,6 +106,37 @@ def test_block_env_blocks_builtin(monkeypatch):
     assert "milestone" not in pm.components("reward")
 
 
+def test_core_cannot_be_blocked(monkeypatch):
+    monkeypatch.setenv("CUDA_AGENT_BLOCK_PLUGINS", "rewards, core")
+    with pytest.raises(PluginError) as err:
+        PluginManager()
+    msg = err.value.one_line()
+    assert "CUDA_AGENT_BLOCK_PLUGINS names 'core', a core built-in that cannot be blocked" in msg
+    assert "\n" not in msg and "remove it from CUDA_AGENT_BLOCK_PLUGINS" in msg
+
+
+def test_attached_hooks_are_called_and_not_listed_as_plugins():
+    from cuda_agent.core.hookspecs import hookimpl
+
+    class Listener:
+        def __init__(self):
+            self.steps = []
+
+        @hookimpl
+        def on_step_end(self, run, step, metrics):
+            self.steps.append((step, dict(metrics)))
+
+    pm = PluginManager(load_entry_points=False)
+    listener = Listener()
+    pm.attach(listener, "listener")
+    pm.hook.on_step_end(run=None, step=3, metrics={"a": 1.0})
+    assert listener.steps == [(3, {"a": 1.0})] and pm.plugins() == []
+    pm.detach("listener")
+    pm.detach("listener")  # twice: nothing left to remove
+    pm.hook.on_step_end(run=None, step=4, metrics={})
+    assert len(listener.steps) == 1
+
+
 def test_only_env_names_missing_plugin(monkeypatch):
     monkeypatch.setenv("CUDA_AGENT_PLUGINS", "no-such-plugin")
     with pytest.raises(PluginError, match="no-such-plugin.*not installed"):

@@ -1,5 +1,7 @@
 """Registration through the plugin hooks, the TensorBoard tracker, RFT filters."""
 
+import random
+
 import pytest
 
 from cuda_agent.core.plugins import PluginManager
@@ -14,6 +16,23 @@ def test_components_registered():
     assert "tensorboard" in pm.components("tracker")
     ppo = pm.create("algorithm", {"name": "ppo", "options": {"clip_high": 0.3}})
     assert ppo.options.clip_low == 0.2 and ppo.options.clip_high == 0.3
+
+
+def test_environments_registered_through_the_hook():
+    from cuda_agent.core.config import compose
+    from cuda_agent.core.errors import ConfigError
+
+    pm = PluginManager()
+    envs = pm.components("environment")
+    assert {"toy", "cuda"} <= set(envs) and envs["toy"].plugin.name == "trainer"
+    toy = pm.create("environment", {"name": "toy", "options": {"num_targets": 2}})
+    assert toy.makes_tasks and {t.name for t in toy.tasks(20, random.Random(0))} <= {"apple", "river"}
+    cfg = compose([], ["trainer.environment={name: toy, options: {num_targets: 3}}"], pm=pm)
+    assert cfg.trainer.environment.options.turn_penalty == 0.0  # filled from the plugin's Options
+    with pytest.raises(ConfigError, match=r"unknown environment 'tyo' at trainer.environment; did you mean 'toy'"):
+        compose([], ["trainer.environment.name=tyo"], pm=pm)
+    with pytest.raises(ConfigError, match="unknown option trainer.environment.options.environment.evaluate_fnal"):
+        pm.create("environment", {"name": "cuda", "options": {"environment": {"evaluate_fnal": False}}})
 
 
 def test_tensorboard_tracker_writes_scalars(tmp_path):
