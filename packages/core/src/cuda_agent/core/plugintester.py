@@ -32,22 +32,24 @@ from typing import Any, Iterable
 
 import pytest
 
-TASK_CODE = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64, 32)]
-
-
-def get_init_inputs():
-    return []
-'''
+# a small task in KernelBench's form (Model, get_inputs, get_init_inputs)
+TASK_CODE = (
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "\n"
+    "\n"
+    "class Model(nn.Module):\n"
+    "    def forward(self, x):\n"
+    "        return torch.relu(x)\n"
+    "\n"
+    "\n"
+    "def get_inputs():\n"
+    "    return [torch.randn(64, 32)]\n"
+    "\n"
+    "\n"
+    "def get_init_inputs():\n"
+    "    return []\n"
+)
 
 # the replayed agent: reads the task, then ends (final message "DONE")
 DEFAULT_TURNS = [{"content": "", "tool_calls": [{"name": "read", "arguments": {"path": "model.py"}}]}]

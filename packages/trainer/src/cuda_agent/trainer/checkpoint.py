@@ -159,22 +159,22 @@ def write_json(path: Path, data: Any) -> None:
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, files in os.walk(root):
         for name in files:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass
+            _fsync(os.path.join(dirpath, name))
 
 
 def _fsync_dir(path: Path) -> None:
+    _fsync(str(path))
+
+
+def _fsync(path: str) -> None:
+    """Flush a file's (or a folder's entries') data to disk; a path that cannot be opened is skipped."""
     try:
-        fd = os.open(str(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)

@@ -138,6 +138,7 @@ def _is_done(text: str, marker: str) -> bool:
 class _Runner:
     def __init__(self, task: Task, policy: Any, env: Environment, options: AgentOptions, on_event: Event | None,
                  pm: Any = None):
+        self._hook = tool_call_check(pm, env) if options.check_hooks else None
         self.task = task
         self.policy = policy
         self.env = env
@@ -153,9 +154,6 @@ class _Runner:
             model=getattr(getattr(policy, "options", None), "model", ""),
             started=time.time(),
         )
-        self._hook = None
-        if options.check_hooks:
-            self._hook = tool_call_check(pm, env)
 
     def emit(self, **event: Any) -> None:
         if self.on_event is not None:

@@ -240,23 +240,28 @@ class BashTool(AgentTool):
         return ok(self.name, text) if status in (0, None) else fail(self.name, text)
 
 
+_JOB_ID = {"job_id": {"type": "string", "description": "The id printed when the job started."}}
+
+
+def _named_job(context: ToolContext, arguments: dict) -> BackgroundJob:
+    """The background job ``arguments["job_id"]`` names; a ToolError naming the known ones."""
+    job = _jobs(context).get(str(arguments.get("job_id", "")))
+    if job is None:
+        known = ", ".join(_jobs(context)) or "none"
+        raise ToolError(f"no background job {arguments.get('job_id')!r} (jobs: {known})")
+    return job
+
+
 class BashOutputTool(AgentTool):
     name = "bash_output"
     description = "Read new output of a background job."
 
     def schema(self) -> dict:
-        return function_schema(
-            self.name,
-            "Return the output a background job produced since the last read, and its status.",
-            {"job_id": {"type": "string", "description": "The id printed when the job started."}},
-            ["job_id"],
-        )
+        return function_schema(self.name, "Return the output a background job produced since the last read, and its "
+                               "status.", _JOB_ID, ["job_id"])
 
     def call(self, arguments: dict, context: ToolContext):
-        job = _jobs(context).get(str(arguments.get("job_id", "")))
-        if job is None:
-            known = ", ".join(_jobs(context)) or "none"
-            raise ToolError(f"no background job {arguments.get('job_id')!r} (jobs: {known})")
+        job = _named_job(context, arguments)
         time.sleep(0.05)
         out = job.new_output()
         return ok(self.name, f"[{job.id}: {job.status()}]\n{out}" if out else f"[{job.id}: {job.status()}] (no new output)")
@@ -267,18 +272,10 @@ class KillJobTool(AgentTool):
     description = "Kill a background job."
 
     def schema(self) -> dict:
-        return function_schema(
-            self.name,
-            "Kill a running background job.",
-            {"job_id": {"type": "string", "description": "The id printed when the job started."}},
-            ["job_id"],
-        )
+        return function_schema(self.name, "Kill a running background job.", _JOB_ID, ["job_id"])
 
     def call(self, arguments: dict, context: ToolContext):
-        job = _jobs(context).get(str(arguments.get("job_id", "")))
-        if job is None:
-            known = ", ".join(_jobs(context)) or "none"
-            raise ToolError(f"no background job {arguments.get('job_id')!r} (jobs: {known})")
+        job = _named_job(context, arguments)
         was = job.status()
         job.kill()
         return ok(self.name, f"{job.id} killed (was {was})")

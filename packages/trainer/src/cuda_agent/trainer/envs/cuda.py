@@ -99,9 +99,10 @@ class CudaEnvironmentFactory(EnvironmentFactory):
                                              pm=self.pm)
 
     def close(self) -> None:
-        if self.executor is not None and hasattr(self.executor, "close"):
-            self.executor.close()
-            self.executor = None
-        if self._tmp is not None and not self.options.keep_workspaces:
-            self._tmp.cleanup()
-            self._tmp = None
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.close()
+        if not self.options.keep_workspaces:  # else the folder stays (cleaned when the factory goes)
+            tmp, self._tmp = self._tmp, None
+            if tmp is not None:
+                tmp.cleanup()

@@ -106,24 +106,21 @@ class ToyEnvironment:
         self._ctx.close()
 
 
-@dataclass
-class ToyOptions:
-    num_targets: int = field(default=4, metadata=bounds(min=1))  # target words drawn from (at most len(WORDS))
-    turn_penalty: float = 0.0  # reward taken off per turn after the first
-    workdir: str | None = None  # the folder every episode shares (a temporary one when None)
-
-
 class ToyEnvironmentFactory(EnvironmentFactory):
     """Tasks and environments of the guessing game."""
 
     name = "toy"
     description = "A guessing game whose reward a tiny random model learns to raise (CPU tests of training)."
-    Options = ToyOptions
     makes_tasks = True
 
-    def __init__(self, options: ToyOptions | None = None):
+    @dataclass
+    class Options:
+        num_targets: int = field(default=4, metadata=bounds(min=1))  # target words drawn from (at most len(WORDS))
+        turn_penalty: float = 0.0  # reward taken off per turn after the first
+        workdir: str | None = None  # the folder every episode shares (a temporary one when None)
+
+    def __init__(self, options: Options | None = None):
         super().__init__(options)
-        self.turn_penalty = self.options.turn_penalty
         self.words = WORDS[: max(1, min(self.options.num_targets, len(WORDS)))]
         self._tmp = None
         self._tmp_lock = threading.Lock()  # episodes are made from several threads at once
@@ -144,7 +141,7 @@ class ToyEnvironmentFactory(EnvironmentFactory):
                     self._tmp = tempfile.TemporaryDirectory(prefix="toy-env-")
                 dest = Path(self._tmp.name)
         Path(dest).mkdir(parents=True, exist_ok=True)
-        return ToyEnvironment(task, Path(dest), self.turn_penalty)
+        return ToyEnvironment(task, Path(dest), self.options.turn_penalty)
 
     def tokenizer(self):
         return build_toy_tokenizer(WORDS)
