@@ -29,7 +29,7 @@ from cuda_agent.core.errors import ConfigError, InfrastructureError, did_you_mea
 from . import checkpoint as ckpt
 from .engine import EngineOptions, build_engine, rank, resolve_device, world_size
 from .loop import Trainer
-from .models import ValueModel, load_causal_lm, torch_dtype
+from .models import ValueModel, load_causal_lm
 from .policy import ActorPolicy, sync_policy_weights
 from .rollout import collect, drop_infra_errors, load_trajectories, rollout_metrics, save_trajectories
 
