@@ -94,6 +94,7 @@ def _scoring_options(cfg: DictConfig, backend: str, work_dir: Path) -> ScoringOp
         verify_timeout=e.verify.get("timeout"),
         profile_timeout=e.profile.get("timeout"),
         enforce_rules=bool(e.get("enforce_rules", True)),
+        rules=str(e.get("rules") or "cuda-agent"),
         keep_workspaces=bool(e.get("keep_workspaces", False)),
     )
 
@@ -161,7 +162,8 @@ def _extra_environment(cfg: DictConfig, backend: str, executor: Any) -> dict:
         "executor": f"{getattr(executor, 'name', '?')} ({_device_count(executor)} device(s))",
         "profiler": po.get("profiler") or ("wallclock" if backend == "cpu" else "cuda_events"),
         "precision": po.get("precision") or vo.get("precision") or "fp32-strict",
-        "rules": "enforced" if cfg.eval.get("enforce_rules", True) else "off (no forbidden-op checks)",
+        "rules": (f"profile {cfg.eval.get('rules') or 'cuda-agent'}" if cfg.eval.get("enforce_rules", True)
+                  else "off (no forbidden-op checks)"),
     }
 
 

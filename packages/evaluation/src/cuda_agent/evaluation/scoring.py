@@ -141,6 +141,7 @@ class ScoringOptions:
     verify_timeout: float | None = 300.0
     profile_timeout: float | None = 600.0
     enforce_rules: bool = True
+    rules: str = "cuda-agent"  # the rule profile (cuda-agent | kernelbench | none); none when enforce_rules is off
     keep_workspaces: bool = False
     profile: bool = True  # time correct candidates (False: correctness only)
     one_job: bool = True  # verify and profile in one job (one worker start, one model load)
@@ -169,7 +170,7 @@ class CandidateEvaluator:
                 self._compiler = pm.create("compiler", spec, where="compiler")
             return self._compiler
 
-    def verify_job_options(self) -> dict:
+    def verify_job_options(self, form: str = "") -> dict:
         """VerifyOptions fields for the verification job.
 
         ``enforce_rules=False`` turns the anti-hacking rules off (no static source checks,
@@ -178,15 +179,18 @@ class CandidateEvaluator:
         builds its own kernels when imported inside the job.
         """
         opts = dict(self.o.verify_options)
+        opts.setdefault("rules", self.o.rules if self.o.enforce_rules else "none")
         if not self.o.enforce_rules:
-            opts["static_checks"] = []
-            guard = dict(opts.get("guard") or {})
-            guard["enabled"] = False
-            opts["guard"] = guard
+            opts["rules"] = "none"
+        if form == KERNELBENCH:  # a single file: KernelBench's protocol for the weights (names are free)
+            opts.setdefault("weights", "auto")
         return opts
 
-    def profile_job_options(self) -> dict:
-        return dict(self.o.profile_options)
+    def profile_job_options(self, form: str = "") -> dict:
+        opts = dict(self.o.profile_options)
+        if form == KERNELBENCH:
+            opts.setdefault("weights", "auto")
+        return opts
 
     def build(self, root: Path) -> CompileResult:
         t0 = time.perf_counter()
@@ -209,23 +213,23 @@ class CandidateEvaluator:
 
     def verify(self, root: Path, form: str, label: str) -> VerifyResult:
         try:
-            return self._run(VERIFY_JOB, root, self.verify_job_options(), "verify", self.o.verify_timeout, label)
+            return self._run(VERIFY_JOB, root, self.verify_job_options(form), "verify", self.o.verify_timeout, label)
         except _job_error_types() as exc:
             return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds)
 
     def profile(self, root: Path, form: str, label: str) -> ProfileResult:
         try:
-            return self._run(PROFILE_JOB, root, self.profile_job_options(), "profile", self.o.profile_timeout, label)
+            return self._run(PROFILE_JOB, root, self.profile_job_options(form), "profile", self.o.profile_timeout, label)
         except _job_error_types() as exc:
             return ProfileResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds)
 
-    def verify_and_profile(self, root: Path, label: str) -> tuple[VerifyResult, ProfileResult | None]:
+    def verify_and_profile(self, root: Path, label: str, form: str = "") -> tuple[VerifyResult, ProfileResult | None]:
         timeout = None
         if self.o.verify_timeout and self.o.profile_timeout:
             timeout = self.o.verify_timeout + self.o.profile_timeout
         job = _job(
             EVALUATE_JOB,
-            {"workspace": str(root), "verify_options": self.verify_job_options(), "profile_options": self.profile_job_options()},
+            {"workspace": str(root), "verify_options": self.verify_job_options(form), "profile_options": self.profile_job_options(form)},
             "evaluate",
             timeout,
             label,
@@ -242,7 +246,7 @@ class CandidateEvaluator:
             if not outcome.compile.ok:
                 return outcome
         if self.o.one_job and self.o.profile:
-            outcome.verify, outcome.profile = self.verify_and_profile(root, label)
+            outcome.verify, outcome.profile = self.verify_and_profile(root, label, form)
             return outcome
         outcome.verify = self.verify(root, form, label)
         if outcome.verify.ok and self.o.profile:
