@@ -6,20 +6,21 @@ import pytest
 import torch
 
 from cuda_agent.datasets.kernelbench import read_kernelbench
-from cuda_agent.datasets.synthesis.filters import FilterOptions, check_candidate, init_worker, stochastic_calls
+from cuda_agent.datasets.synthesis.filters import FilterOptions, check_candidate, init_filters, screen, stochastic_calls
 from cuda_agent.datasets.synthesis.similarity import Decontaminator, structure_tokens
 
 from datasets_testdata import model_code
 
 
-def _state(refs=None, **kw):
+def _state(**kw):
     kw = {"compile": False, "min_ms": 0.0, "max_ms": 1000.0} | kw
-    opts = dataclasses.asdict(FilterOptions(**kw))
-    return init_worker({"filters": opts, "refs": refs or []})
+    return init_filters({"filters": dataclasses.asdict(FilterOptions(**kw))}, "cpu")
 
 
-def _check(code, state=None):
-    return check_candidate({"code": code}, state or _state())
+def _check(code, state=None, decon=None):
+    """Every filter in this process: the static ones, then (when they pass) the run filters."""
+    static = screen(code, decon)
+    return check_candidate(code, state or _state()) if static["ok"] else static
 
 
 def test_a_good_model_passes():
@@ -58,7 +59,7 @@ def test_invalid_and_time_window():
 
 def test_compile_filter():
     code = model_code("self.lin = nn.Linear(16, 8)", "return F.gelu(self.lin(x))")
-    r = check_candidate({"code": code}, _state_compile("aot_eager"))
+    r = check_candidate(code, _state(compile=True, compile_backend="aot_eager"))
     assert r["ok"] and "compile_s" in r, r
 
     calls = []
@@ -68,13 +69,8 @@ def test_compile_filter():
         calls.append(1)
         raise RuntimeError("backend cannot lower this graph")
 
-    r = check_candidate({"code": code}, _state_compile("_failing_backend"))
+    r = check_candidate(code, _state(compile=True, compile_backend="_failing_backend"))
     assert calls and not r["ok"] and r["filter"] == "compile", r
-
-
-def _state_compile(backend):
-    opts = dataclasses.asdict(FilterOptions(compile=True, compile_backend=backend, min_ms=0.0, max_ms=1000.0))
-    return init_worker({"filters": opts, "refs": []})
 
 
 def test_stochastic_scan_ignores_inputs_and_p0():
@@ -103,9 +99,9 @@ def test_decontamination_against_kernelbench(kb_root):
     )
     bad, m = d.is_contaminated(novel)
     assert not bad and m.score < 0.9
-    # the worker filter uses the same references
+    # the static filters use the same references
     r = _check(problem.code.replace("batch_size = 128", "batch_size = 2").replace("height = width = 128", "height = width = 8"),
-               _state(refs=d.payload()))
+               decon=d)
     assert r["filter"] == "similar" and r["closest"] == problem.id
 
 

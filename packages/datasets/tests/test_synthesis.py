@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -262,3 +263,19 @@ def test_cli_errors_are_one_line(capsys, monkeypatch):
     assert main(["data", "list"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no KernelBench location") and "\n" not in err
+
+
+WHOAMI = model_code("pass", "import os\n        assert os.geteuid() != 0, 'task code ran as root'\n        return x")
+
+
+def test_task_code_runs_without_root_rights(tmp_path):
+    """Candidates are judged as executor jobs whose process gave up root rights first."""
+    opts = _opts(tmp_path, num_tasks=1, timeout_s=30, max_candidates=1)
+    rep = Synthesizer(opts, composer=ScriptedComposer([WHOAMI]), refs=[]).run(progress=False)
+    privileges = rep["session"]["privileges"]
+    assert sum(privileges.values()) == 1, privileges
+    if os.geteuid() == 0:
+        assert rep["accepted"] == 1, rep["removed"]
+        assert all(k.startswith("dropped to uid") for k in privileges), privileges
+    else:
+        assert all(k.startswith("kept") for k in privileges), privileges

@@ -125,21 +125,19 @@ def validate_cmd(args, run_check, timeout, workers, memory_gb, report_path, stri
     if run_check and runnable:
         from tqdm import tqdm
 
-        from .pool import WorkerPool
+        from .untrusted import open_executor, run_tasks
 
-        pool = WorkerPool("cuda_agent.datasets.validate:run_task_job", workers=workers, timeout=timeout,
-                          memory_limit_gb=memory_gb, threads=1)
-        with pool, tqdm(total=len(runnable), desc="validate", unit="task", file=sys.stderr, leave=False) as bar:
-            for tid, _p, res in pool.map_unordered((t.id, {"code": t.code}) for t in runnable):
-                stage = res.get("stage", "run")
-                ok = bool(res.get("ok"))
-                rep = TaskReport(tid, ok, stage, res.get("reason", ""), float(res.get("seconds", 0.0)), res.get("details") or {})
-                if stage == "too_large":
-                    rep.ok, rep.reason = True, "run check skipped: " + rep.reason
-                reports[tid] = rep
-                bar.update(1)
-                bar.clear()
-                emit(rep)
+        settings = _plain(cfg.get("validation")) or {}
+        executor = open_executor(settings.get("executor"), workers=workers, memory_limit_gb=memory_gb,
+                                 where="validation.executor")
+        results = run_tasks(executor, "cuda_agent.datasets.validate:run_task", ((t.id, t.code) for t in runnable),
+                            timeout=timeout, batch_size=int(settings.get("batch_size") or 1), threads=1,
+                            label="validation")
+        with tqdm(total=len(runnable), desc="validate", unit="task", file=sys.stderr, leave=False) as bar:
+            try:
+                reports.update(_run_reports(results, bar, emit))
+            finally:
+                executor.close()
     else:
         for t in runnable:
             emit(reports[t.id])
@@ -150,6 +148,22 @@ def validate_cmd(args, run_check, timeout, workers, memory_gb, report_path, stri
                + (" (static checks only)" if not run_check else ""), err=True)
     if strict and bad:
         raise click.ClickException(f"{len(bad)} bad tasks (--strict)")
+
+
+def _run_reports(results, bar, emit):
+    """One TaskReport per run-check result, emitted as it comes."""
+    from .validate import TaskReport
+
+    for tid, res in results:
+        stage = res.get("stage", "run")
+        details = dict(res.get("details") or {}, privileges=res.get("privileges", ""))
+        rep = TaskReport(tid, bool(res.get("ok")), stage, res.get("reason", ""), float(res.get("seconds", 0.0)), details)
+        if stage == "too_large":
+            rep.ok, rep.reason = True, "run check skipped: " + rep.reason
+        bar.update(1)
+        bar.clear()
+        emit(rep)
+        yield tid, rep
 
 
 @data_group.command("synthesize", context_settings={"ignore_unknown_options": True})

@@ -1,8 +1,8 @@
 """Checking task files: a static check (parse, required names) and a run check.
 
 A bad task is reported with a one-line reason and skipped; it never ends a run.
-The run check executes task code, so it runs in a worker subprocess (see :mod:`.pool`)
-with a timeout and a memory cap: a crash or a hang costs that task only.
+The run check executes task code, so it runs as an executor job (see :mod:`.untrusted`)
+with a timeout, a memory cap and no root rights: a crash or a hang costs that task only.
 """
 
 from __future__ import annotations
@@ -104,15 +104,15 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
-def run_task_job(payload: dict, state: dict) -> dict:
-    """Worker job: build the Model from ``code`` and call it once on its inputs."""
+def run_task(code: str, state: dict) -> dict:
+    """The run check (in a job process, see :mod:`.untrusted`): build the Model from ``code``
+    and call it once on its inputs."""
     import tempfile
     import time
 
     import torch
 
-    code = payload["code"]
-    device = payload.get("device", "cpu")
+    device = state.get("device", "cpu")
     t0 = time.perf_counter()
     tmp = state.setdefault("tmpdir", tempfile.mkdtemp(prefix="cuda_agent_check_"))
     state["n"] = state.get("n", 0) + 1

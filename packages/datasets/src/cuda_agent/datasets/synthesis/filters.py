@@ -1,20 +1,13 @@
-"""The filters a synthesised candidate must pass, run inside a worker process.
+"""The filters a synthesised candidate must pass, in order (the first failing one removes it).
 
-In order (the first failing filter removes the candidate and is counted):
-
-* ``invalid``: does not parse or lacks Model/get_inputs/get_init_inputs (static)
-* ``stochastic``: calls a random op inside the model (dropout, rand*, bernoulli...) (static)
-* ``similar``: AST structural similarity to a KernelBench problem above the threshold
-* ``eager``: fails to build or run in eager mode
-* ``nonfinite``: produces NaN or inf
-* ``nondeterministic``: the same input gives a different output the second time
-* ``constant``: the output is constant (all elements equal, or equal for two inputs)
-* ``indistinguishable``: two different inputs give outputs equal within the check tolerance
-* ``time_window``: eager time outside [min_ms, max_ms]
-* ``compile``: fails under torch.compile, or disagrees with eager
-
-The static and similarity filters are cheap and run first; ``compile`` is the most
-expensive and runs last.
+* static, in the caller's process (:func:`screen`): ``invalid`` (does not parse, or lacks
+  Model/get_inputs/get_init_inputs), ``stochastic`` (a random op in the model), ``similar``
+  (AST structural similarity to a KernelBench problem above the threshold);
+* run, in an executor job without root rights (:func:`check_candidate`, see
+  :mod:`..untrusted`): ``eager`` (fails to build or run), ``nonfinite``, ``nondeterministic``,
+  ``constant``, ``indistinguishable`` (two inputs agree within the check tolerance),
+  ``time_window`` (eager time outside [min_ms, max_ms]) and ``compile`` (fails under
+  torch.compile or disagrees with eager), the most expensive, last.
 """
 
 from __future__ import annotations
@@ -102,26 +95,36 @@ def stochastic_calls(code: str) -> list[str]:
     return found
 
 
-def init_worker(payload: dict) -> dict:
-    import tempfile
+def screen(code: str, decon=None) -> dict:
+    """The static filters (no code runs): a rejection, or ``ok`` with the similarity found."""
+    problems = static_problems(code)
+    if problems:
+        return _reject("invalid", "; ".join(problems))
+    rnd = stochastic_calls(code)
+    if rnd:
+        return _reject("stochastic", f"random op in the model: {', '.join(sorted(set(rnd)))}")
+    if decon is None:
+        return {"ok": True}
+    m = decon.closest(code)
+    extra = {"similarity": round(m.score, 4), "closest": m.ref_id}
+    if m.score > decon.threshold:
+        return _reject("similar", f"similarity {m.score:.3f} to {m.ref_id}", **extra)
+    return {"ok": True, **extra}
 
+
+def init_filters(shared: dict, device: str) -> dict:
+    """The job's state (before its rights are given up): the options, on the job's device."""
     import torch
 
-    from .similarity import Decontaminator
-
-    opts = FilterOptions(**payload["filters"])
-    refs = payload.get("refs") or []
-    state = {
-        "opts": opts,
-        "decon": Decontaminator(refs, opts.similarity_threshold) if refs else None,
-        "tmp": tempfile.mkdtemp(prefix="cuda_agent_synth_"),
-        "n": 0,
-    }
-    if opts.device.startswith("cuda"):
+    opts = FilterOptions(**shared["filters"])
+    if device.startswith("cuda"):
+        opts.device = device
         torch.cuda.init()
         # get_inputs() and Model() allocate on the GPU directly (no host-side random fill)
-        torch.set_default_device(opts.device)
-    return state
+        torch.set_default_device(device)
+    else:
+        opts.device = "cpu"
+    return {"opts": opts, "n": 0}
 
 
 def _reject(name: str, reason: str, **extra) -> dict:
@@ -186,34 +189,22 @@ def _time_ms(fn, inputs: list, device: str, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def check_candidate(payload: dict, state: dict) -> dict:
-    """Worker job: run every filter on ``payload['code']``; ``ok`` when it passes all."""
+def check_candidate(code: str, state: dict) -> dict:
+    """The run filters on ``code`` (in a job process, see :mod:`..untrusted`; the static ones
+    passed already); ``ok`` when it passes them all."""
     import sys
+    import tempfile
 
     import torch
 
-    code = payload["code"]
     opts: FilterOptions = state["opts"]
-    problems = static_problems(code)
-    if problems:
-        return _reject("invalid", "; ".join(problems))
-    rnd = stochastic_calls(code)
-    if rnd:
-        return _reject("stochastic", f"random op in the model: {', '.join(sorted(set(rnd)))}")
     extra: dict = {}
-    decon = state.get("decon")
-    if decon is not None:
-        m = decon.closest(code)
-        extra = {"similarity": round(m.score, 4), "closest": m.ref_id}
-        if m.score > decon.threshold:
-            return _reject("similar", f"similarity {m.score:.3f} to {m.ref_id}", **extra)
-
     state["n"] += 1
     name = f"_cand_{state['n']}"
     dev = opts.device
     try:
         try:
-            mod = load_module(code, name, state["tmp"])
+            mod = load_module(code, name, state.setdefault("tmp", tempfile.mkdtemp(prefix="cuda_agent_synth_")))
             torch.manual_seed(1234)
             model = mod.Model(*mod.get_init_inputs()).to(dev)
             x1 = _inputs(mod, 1, dev)

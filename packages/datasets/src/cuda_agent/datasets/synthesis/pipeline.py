@@ -1,4 +1,4 @@
-"""The synthesis pipeline: compose candidates, filter them in worker processes, write Ops-6K rows.
+"""The synthesis pipeline: compose candidates, filter them as executor jobs, write Ops-6K rows.
 
 Resumable: every candidate's verdict is appended to ``candidates.jsonl`` in the output
 folder; a rerun with the same settings skips the candidates already judged (candidate
@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 from cuda_agent.core.errors import ConfigError
 
-from ..pool import WorkerPool
 from .composer import PAPER_MIX, PAPER_TRANSFORMERS_SHARE, Candidate
-from .filters import FILTERS, FilterOptions
+from .filters import FILTERS, FilterOptions, screen
+from .similarity import Decontaminator
 
 KERNELBENCH_ENV = "CUDA_AGENT_KERNELBENCH"
 
@@ -56,6 +56,8 @@ class SynthesisOptions:
     timeout_s: float = 120.0
     memory_limit_gb: float | None = 8.0
     threads_per_worker: int = 1
+    executor: dict = field(default_factory=lambda: {"name": None, "options": {}})  # null: cpu, local for cuda
+    batch_size: int = 8  # candidates per job (one process)
     device: str = "cpu"
     shapes: str = "small"
     composer: str = "rule"  # rule | llm
@@ -88,6 +90,8 @@ class SynthesisOptions:
         opts = cls(**kw)
         if opts.num_tasks < 0:
             raise ConfigError("synthesis.num_tasks must be >= 0")
+        if opts.batch_size < 1:
+            raise ConfigError(f"synthesis.batch_size must be >= 1, got {opts.batch_size}")
         if opts.filters.min_ms > opts.filters.max_ms:
             raise ConfigError("synthesis.filters.min_ms is above max_ms")
         return opts
@@ -96,7 +100,7 @@ class SynthesisOptions:
         """Settings that decide which candidates exist and how they are judged."""
         keep = dataclasses.asdict(self)
         for k in ("output_dir", "num_tasks", "max_candidates", "workers", "timeout_s", "write_parquet",
-                  "memory_limit_gb", "threads_per_worker"):
+                  "memory_limit_gb", "threads_per_worker", "executor", "batch_size"):
             keep.pop(k, None)
         return hashlib.sha1(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -235,6 +239,8 @@ class Synthesizer:
             if on_record is not None:
                 on_record(rec)
 
+        decon = Decontaminator(self.refs, opts.decontamination.threshold) if self.refs else None
+
         def items():
             for i in range(max_cand):
                 if len(accepted) >= target:
@@ -254,37 +260,16 @@ class Synthesizer:
                     record(self._base(cand, h) | {"ok": False, "filter": "duplicate", "reason": "same code as an earlier candidate"})
                     continue
                 hashes.add(h)
-                yield cand.index, {"code": cand.code, "cand": cand, "hash": h}
+                static = screen(cand.code, decon)
+                static.pop("ok")
+                if "filter" in static:
+                    record(self._base(cand, h) | {"ok": False} | static)
+                    continue
+                yield (cand, h, static), cand.code
 
         try:
             if target > len(accepted):
-                pool = WorkerPool(
-                    "cuda_agent.datasets.synthesis.filters:check_candidate",
-                    workers=opts.workers,
-                    timeout=opts.timeout_s,
-                    init="cuda_agent.datasets.synthesis.filters:init_worker",
-                    init_payload={"filters": dataclasses.asdict(opts.filters) | {
-                        "device": opts.device,
-                        "similarity_threshold": opts.decontamination.threshold,
-                    }, "refs": self.refs},
-                    memory_limit_gb=opts.memory_limit_gb if not opts.device.startswith("cuda") else None,
-                    threads=opts.threads_per_worker,
-                )
-                with pool:
-                    stream = ((i, p) for i, p in items())
-                    for _i, payload, result in pool.map_unordered(
-                        (i, {"code": p["code"], "_meta": (p["cand"], p["hash"])}) for i, p in stream
-                    ):
-                        cand, h = payload["_meta"]
-                        rec = self._base(cand, h)
-                        rec["ok"] = bool(result.get("ok"))
-                        rec["filter"] = result.get("filter") or ("" if rec["ok"] else result.get("stage", "crash"))
-                        for k in ("reason", "eager_ms", "similarity", "closest", "compile_s", "output_shapes", "seconds"):
-                            if k in result:
-                                rec[k] = result[k]
-                        if rec["ok"]:
-                            rec["code"] = cand.code
-                        record(rec)
+                self._judge(items(), record, session)
         finally:
             cand_f.close()
             tasks_f.close()
@@ -298,6 +283,34 @@ class Synthesizer:
 
             write_rows([self._row(r) for r in accepted], self.out / "tasks.parquet")
         return report
+
+    def _judge(self, items, record: Callable[[dict], None], session: Counter) -> None:
+        """Run the run filters on ``items`` (``((cand, hash, static verdict), code)``) as jobs."""
+        from ..untrusted import open_executor, run_tasks
+
+        opts = self.opts
+        executor = open_executor(opts.executor, device=opts.device, workers=opts.workers,
+                                 memory_limit_gb=opts.memory_limit_gb, where="synthesis.executor",
+                                 preload=["torch._dynamo"] if opts.filters.compile else [])
+        shared = {"filters": dataclasses.asdict(opts.filters) | {"device": opts.device}}
+        try:
+            for (cand, h, static), result in run_tasks(
+                executor, "cuda_agent.datasets.synthesis.filters:check_candidate", items, timeout=opts.timeout_s,
+                batch_size=opts.batch_size, init="cuda_agent.datasets.synthesis.filters:init_filters",
+                shared=shared, threads=opts.threads_per_worker, label="synthesis",
+            ):
+                rec = self._base(cand, h) | static
+                rec["ok"] = bool(result.get("ok"))
+                rec["filter"] = result.get("filter") or ("" if rec["ok"] else result.get("stage", "crash"))
+                for k in ("reason", "eager_ms", "compile_s", "output_shapes", "seconds"):
+                    if k in result:
+                        rec[k] = result[k]
+                session["privileges:" + result.get("privileges", "")] += 1
+                if rec["ok"]:
+                    rec["code"] = cand.code
+                record(rec)
+        finally:
+            executor.close()
 
     @staticmethod
     def _base(cand: Candidate, h: str) -> dict:
@@ -354,6 +367,8 @@ class Synthesizer:
                 "accepted": session["accepted"],
                 "tasks_per_s": round(session["accepted"] / wall, 3) if wall > 0 else None,
                 "candidates_per_s": round(session["candidates"] / wall, 3) if wall > 0 else None,
+                # whom the candidates' code ran as (jobs by privileges: "dropped to uid ..." as root)
+                "privileges": {k.split(":", 1)[1]: v for k, v in session.items() if k.startswith("privileges:")},
             },
             "settings": {
                 "seed": self.opts.seed,
