@@ -110,7 +110,7 @@ def run_check(compiler: str, work: Path, cache: Path, arch: str) -> dict:
 
 def make_workspace(root: Path, compiler: str) -> Path:
     from cuda_agent.core.types import Task
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     ex = EXAMPLE if compiler == "cpp_extension" else NVCC_EXAMPLE
     ws = create_workspace(Task(id="axpby", source="bench", code=(ex / "model.py").read_text()), root,

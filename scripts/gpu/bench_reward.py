@@ -248,8 +248,8 @@ def one_reward(svc) -> dict:
 def bench_ours(name: str, task: dict, repeat: int, tmp: Path) -> list[dict]:
     from cuda_agent.core.types import Task
     from cuda_agent.sandbox.executors.local import LocalExecutor, LocalExecutorOptions
-    from cuda_agent.sandbox.service import WorkspaceService
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.service import WorkspaceService
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     rows = []
     ws = create_workspace(Task(id=name, source="bench", code=task["model"]), tmp / f"ws-{name}", backend="cuda",
@@ -367,7 +367,7 @@ print(f"eager {t_eager:.4f} ms compile {t_compile:.4f} ms candidate {t:.4f} ms")
 
 def bench_paper(name: str, task: dict, tmp: Path) -> dict:
     from cuda_agent.core.types import Task
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     ws = create_workspace(Task(id=name, source="bench", code=task["model"]), tmp / f"paper-{name}", backend="cuda",
                           compiler="cpp_extension")

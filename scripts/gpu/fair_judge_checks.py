@@ -153,7 +153,7 @@ def main() -> int:
     from cuda_agent.core.types import Task
     from cuda_agent.sandbox.executors import Job, LocalExecutor
     from cuda_agent.sandbox.executors.local import LocalExecutorOptions
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -168,7 +168,7 @@ def main() -> int:
             root = tasks[task]
             (root / "model_new.py").write_text(code)
             t0 = time.perf_counter()
-            r = ex.run(Job("cuda_agent.sandbox.executors.tasks:verify",
+            r = ex.run(Job("cuda_agent.sandbox.judge.tasks:verify",
                            {"workspace": str(root), "options": {"seed": 3, "rules": rules, "weights": "auto"}},
                            kind="verify"))
             m = re.search(r"rule ([\w.\-]+)[:)]", r.message)

@@ -83,7 +83,7 @@ def main() -> int:
     from cuda_agent.sandbox.executors import Job, LocalExecutor
     from cuda_agent.sandbox.executors.local import LocalExecutorOptions
     from cuda_agent.sandbox.judge import attacks
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -119,7 +119,7 @@ def main() -> int:
         if kind == "profile":
             opts.update(baseline_cache_dir=str(cache), compile_baseline=False)
         t = time.perf_counter()
-        r = ex.run(Job(f"cuda_agent.sandbox.executors.tasks:{kind}", {"workspace": str(root), "options": opts}, kind=kind))
+        r = ex.run(Job(f"cuda_agent.sandbox.judge.tasks:{kind}", {"workspace": str(root), "options": opts}, kind=kind))
         row = {"candidate": name, "job": kind, "ok": r.ok, "failure": r.failure.value, "rule": rule_of(r.message),
                "ms": r.candidate.median_ms if kind == "profile" and r.ok and r.candidate else None,
                "job_s": round(time.perf_counter() - t, 2), "what": what, "message": r.message[:300],

@@ -152,7 +152,7 @@ def make_workspace(root: Path, cpu: bool) -> tuple[Path, dict]:
     """A workspace of the template's worked example (axpby) with its correct candidate, compiled."""
     from cuda_agent.core.plugins import get_plugin_manager
     from cuda_agent.core.types import Task
-    from cuda_agent.sandbox.workspace import create_workspace, tools_dir
+    from cuda_agent.sandbox.workspace.workspace import create_workspace, tools_dir
 
     compiler = "gxx" if cpu else "nvcc"
     ex = tools_dir() / "template" / compiler / "examples"
@@ -222,7 +222,7 @@ def part_a(ex, ws: Path, n: int, per_device: int, cpu: bool) -> dict:
     popts = {"baselines": False, "seed": 0, "perturb_inputs": True}
     if not cpu:
         popts["profiler_options"] = {"target_ms": 600.0}
-    futs = [submit_timed(ex, "cuda_agent.sandbox.executors.tasks:profile",
+    futs = [submit_timed(ex, "cuda_agent.sandbox.judge.tasks:profile",
                          {"workspace": str(ws), "options": popts}, "profile", f"timing-{i}")
             for i in range(per_device * n)]
     jobs = collect(futs)
@@ -270,9 +270,9 @@ def part_c(ex, ws: Path, n: int, model_dir: Path, gen_device: str, lock_dir: str
     futs = []
     try:
         for i in range(jobs_per_device * n):
-            futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:verify",
+            futs.append(submit_timed(ex, "cuda_agent.sandbox.judge.tasks:verify",
                                      {"workspace": str(ws), "options": vopts}, "verify", f"verify-{i}"))
-            futs.append(submit_timed(ex, "cuda_agent.sandbox.executors.tasks:profile",
+            futs.append(submit_timed(ex, "cuda_agent.sandbox.judge.tasks:profile",
                                      {"workspace": str(ws), "options": popts}, "profile", f"profile-{i}"))
         jobs = collect(futs)
     finally:

@@ -66,7 +66,7 @@ def main() -> int:
     from cuda_agent.core.types import Task
     from cuda_agent.sandbox.executors import Job, LocalExecutor
     from cuda_agent.sandbox.executors.local import LocalExecutorOptions
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -83,7 +83,7 @@ def main() -> int:
     def job(fn, **kw):
         t0 = time.time()
         try:
-            r = ex.run(Job("cuda_agent.sandbox.executors.tasks:" + fn, {"workspace": str(root), **kw}, kind=fn))
+            r = ex.run(Job("cuda_agent.sandbox.judge.tasks:" + fn, {"workspace": str(root), **kw}, kind=fn))
         except Exception as exc:  # a JobError says why
             return None, f"{type(exc).__name__}: {exc}", time.time() - t0
         return r, "", time.time() - t0

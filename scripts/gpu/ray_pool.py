@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "plugins" / "ray" / "src"))
 from reward_checks import BINDING, GOOD_BODY, MODEL, kernel, model_new, table  # noqa: E402
 
 S = "cuda_agent.sandbox.executors.selftest:"
-TASKS = "cuda_agent.sandbox.executors.tasks:"
+TASKS = "cuda_agent.sandbox.judge.tasks:"
 CPU_PROBES = [
     ("ok", "echo", None, "ok"),
     ("exception", "fail", None, "exception"),
@@ -107,7 +107,7 @@ def part1(ray_ex, local_ex, cpu: bool) -> list[dict]:
 
 def make_workspace(root: Path, cpu: bool):
     from cuda_agent.core.types import Task
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     if cpu:
         ws = create_workspace(Task(id="relu_ray", source="check", code=CPU_MODEL), root, backend="cpu", compiler="gxx")
@@ -132,7 +132,7 @@ def part2(ray_ex, local_ex, n: int, tolerance: float, cpu: bool) -> tuple[list[d
     builds.append({"build": f"{ws.compiler} here", "ok": c_local.ok, "seconds": f"{time.monotonic() - t0:.1f}"})
     (ws.root / ".cuda_agent" / "build" / "manifest.json").unlink()  # the Ray task builds it again
     remote = ray_ex.build_executor()
-    job = Job("cuda_agent.sandbox.service:compile_job", {"compiler": compiler, "workspace": str(ws.root)},
+    job = Job("cuda_agent.sandbox.workspace.service:compile_job", {"compiler": compiler, "workspace": str(ws.root)},
               kind="compile", pass_device=False, timeout=600)
     reason, c_ray, seconds = run_job(remote, job)
     builds.append({"build": f"Ray task on {remote.built_on[-1] if remote.built_on else '?'}",

@@ -134,7 +134,7 @@ def per_set(options, fn, sets: list, dev) -> dict:
 
     import torch
 
-    from cuda_agent.sandbox.profilers import CudaEventsProfiler
+    from cuda_agent.sandbox.judge.profilers import CudaEventsProfiler
 
     out: dict = {}
     k = len(sets)
@@ -158,13 +158,13 @@ def per_set(options, fn, sets: list, dev) -> dict:
 def worker(args) -> int:
     import torch
 
-    from cuda_agent.sandbox.baselines import build_reference, rotation_sets
-    from cuda_agent.sandbox.jobs import ProfileOptions
+    from cuda_agent.sandbox.judge.baselines import build_reference, rotation_sets
+    from cuda_agent.sandbox.judge.jobs import ProfileOptions
     from cuda_agent.core.types import Timing
-    from cuda_agent.sandbox.profilers.base import profiler_for, time_for_task, time_stably
-    from cuda_agent.sandbox.precision import precision_context
-    from cuda_agent.sandbox.profilers import CudaEventsProfiler, TorchProfilerProfiler
-    from cuda_agent.sandbox.verify import load_module
+    from cuda_agent.sandbox.judge.profilers.base import profiler_for, time_for_task, time_stably
+    from cuda_agent.sandbox.judge.precision import precision_context
+    from cuda_agent.sandbox.judge.profilers import CudaEventsProfiler, TorchProfilerProfiler
+    from cuda_agent.sandbox.judge.verify import load_module
 
     dev = torch.device("cuda", 0)
     torch.cuda.init()
@@ -350,7 +350,7 @@ def main() -> int:
         wb.close()
 
     # compare
-    from cuda_agent.sandbox.jobs import ProfileOptions
+    from cuda_agent.sandbox.judge.jobs import ProfileOptions
 
     max_spread = ProfileOptions().max_spread  # a timing above it says itself that it is unsteady
     rows = []

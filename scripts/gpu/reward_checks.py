@@ -256,8 +256,8 @@ def reward_ok(spec: str, value: float) -> bool:
 def part2(keep: bool = False) -> list[dict]:
     from cuda_agent.core.types import Task
     from cuda_agent.sandbox.executors.local import LocalExecutor, LocalExecutorOptions
-    from cuda_agent.sandbox.service import WorkspaceService
-    from cuda_agent.sandbox.workspace import create_workspace, remove_workspace
+    from cuda_agent.sandbox.workspace.service import WorkspaceService
+    from cuda_agent.sandbox.workspace.workspace import create_workspace, remove_workspace
 
     tmp = Path(tempfile.mkdtemp(prefix="reward-checks-"))
     ws = create_workspace(Task(id="relu_check", source="check", code=MODEL), tmp / "ws", backend="cuda",

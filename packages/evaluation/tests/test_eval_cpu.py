@@ -23,9 +23,9 @@ def _missing() -> str | None:
     if "gxx" not in pm.components("compiler"):
         return "the gxx compiler (cuda-agent-sandbox) is not registered"
     try:
-        from cuda_agent.sandbox import jobs  # noqa: F401
+        from cuda_agent.sandbox.judge import jobs  # noqa: F401
     except ImportError:
-        return "cuda_agent.sandbox.jobs (verification/profiling jobs) is not available"
+        return "cuda_agent.sandbox.judge.jobs (verification/profiling jobs) is not available"
     return None
 
 

@@ -2,7 +2,7 @@
 
 from cuda_agent.evaluation.scoring import CandidateEvaluator, ScoringOptions
 from cuda_agent.evaluation.solutions import KERNELBENCH
-from cuda_agent.sandbox.jobs import ProfileOptions, VerifyOptions
+from cuda_agent.sandbox.judge.jobs import ProfileOptions, VerifyOptions
 
 
 def options(**kw) -> tuple[dict, dict, dict]:

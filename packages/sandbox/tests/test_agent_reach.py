@@ -21,12 +21,12 @@ from cuda_agent.core.interfaces import Compiler
 from cuda_agent.core.tools.base import ToolContext
 from cuda_agent.core.tools.shell import ShellSession
 from cuda_agent.core.types import CompileResult
-from cuda_agent.sandbox.sandboxes import LocalSandbox, SandboxError
-from cuda_agent.sandbox.sandboxes import diskfs
-from cuda_agent.sandbox.sandboxes.common import is_root, processes_of_uid, sweep_uid
-from cuda_agent.sandbox.sandboxes.local import _namespaces_work
-from cuda_agent.sandbox.service import CHANGED, WorkspaceService
-from cuda_agent.sandbox.workspace import RECORD_MODE
+from cuda_agent.sandbox.isolation.sandboxes import LocalSandbox, SandboxError
+from cuda_agent.sandbox.isolation.sandboxes import diskfs
+from cuda_agent.sandbox.isolation.sandboxes.common import is_root, processes_of_uid, sweep_uid
+from cuda_agent.sandbox.isolation.sandboxes.local import _namespaces_work
+from cuda_agent.sandbox.workspace.service import CHANGED, WorkspaceService
+from cuda_agent.sandbox.workspace.workspace import RECORD_MODE
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # executor workers import the helpers by module name

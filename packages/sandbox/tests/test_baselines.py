@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_agent.core.types import FailureCategory, Task  # noqa: E402
-from cuda_agent.sandbox import jobs  # noqa: E402
-from cuda_agent.sandbox.baselines import BaselineCache, BaselineOptions, measure_baselines, measure_many  # noqa: E402
-from cuda_agent.sandbox.precision import TF32, policy_from, precision_context, precision_flags  # noqa: E402
+from cuda_agent.sandbox.judge import jobs  # noqa: E402
+from cuda_agent.sandbox.judge.baselines import BaselineCache, BaselineOptions, measure_baselines, measure_many  # noqa: E402
+from cuda_agent.sandbox.judge.precision import TF32, policy_from, precision_context, precision_flags  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import RELU_TASK, make_workspace, relu_new  # noqa: E402
@@ -54,7 +54,7 @@ def test_noisy_cached_baselines_are_measured_again_on_request(tmp_path):
     again (and replaced); steady records and the default (0: never) keep the cache."""
     import json
 
-    from cuda_agent.sandbox.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
 
     cache = BaselineCache(tmp_path / "cache")
     _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
@@ -78,7 +78,7 @@ def test_records_of_an_older_timing_rule_are_checked_once(tmp_path):
     spread above today's limit."""
     import json
 
-    from cuda_agent.sandbox.baselines import TIMING_RULE, measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines import TIMING_RULE, measure_baselines_record
 
     cache = BaselineCache(tmp_path / "cache")
     _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
@@ -108,8 +108,8 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
     record is used as it is and checked again next time, never stamped as valid."""
     import json
 
-    from cuda_agent.sandbox import baselines
-    from cuda_agent.sandbox.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge import baselines
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
 
     cache = BaselineCache(tmp_path / "cache")
     _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
@@ -127,7 +127,7 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
 def test_an_older_record_is_measured_again_when_the_profiler_names_a_reason():
     from test_quiet_timing import ScriptedProfiler
 
-    from cuda_agent.sandbox.baselines import stale_reason
+    from cuda_agent.sandbox.judge.baselines import stale_reason
 
     rec = {"eager": {"spread": 0.001, "method": "scripted"}, "compile": {"spread": 0.002, "method": "scripted"}}
     assert stale_reason(rec, ScriptedProfiler([], steady=0.001), None, [[1]], "cpu", 0.01) == ""
@@ -156,7 +156,7 @@ def test_a_replaced_record_says_why_it_was_measured_again(tmp_path):
     name what made the old one stale; a first measurement names nothing."""
     import json
 
-    from cuda_agent.sandbox.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
 
     cache = BaselineCache(tmp_path / "cache")
     _, _, first = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
@@ -219,7 +219,7 @@ def test_profile_workspace_uses_cached_baselines(relu_ws, tmp_path):
     assert r2.speedup_vs_eager() > 0 and "eager" in r2.message
     assert "baseline_measured_again_because" not in r1.metadata
     # a record of an older timing rule that no longer stands: measured again, and the job says why
-    from cuda_agent.sandbox.baselines import cache_for
+    from cuda_agent.sandbox.judge.baselines import cache_for
 
     cache = cache_for(str(tmp_path / "cache"))  # the job's own (in-process) cache
     stored = dict(cache.get(r1.metadata["baseline_key"]), timing_rule=2)
@@ -340,8 +340,8 @@ class _ThreadsSeen:
 
 
 def test_eager_and_compile_timed_under_the_same_threads_and_restored():
-    from cuda_agent.sandbox.baselines import measure_model
-    from cuda_agent.sandbox.profilers import get_profiler
+    from cuda_agent.sandbox.judge.baselines import measure_model
+    from cuda_agent.sandbox.judge.profilers import get_profiler
 
     before = torch.get_num_threads()
     prof = _ThreadsSeen(get_profiler("wallclock", FAST))
@@ -354,8 +354,8 @@ def test_eager_and_compile_timed_under_the_same_threads_and_restored():
 
 
 def test_warm_up_covers_every_input_set_so_no_recompile_is_timed():
-    from cuda_agent.sandbox.baselines import dynamo_frames, measure_model
-    from cuda_agent.sandbox.profilers import get_profiler
+    from cuda_agent.sandbox.judge.baselines import dynamo_frames, measure_model
+    from cuda_agent.sandbox.judge.profilers import get_profiler
 
     class Branchy(torch.nn.Module):  # a guard on the size: the third set needs its own graph
         def forward(self, x):
@@ -385,7 +385,7 @@ def test_compiled_elementwise_is_within_a_sane_factor_of_eager(tmp_path):
 
 
 def jobs_record(code, o, cache):
-    from cuda_agent.sandbox.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
 
     return measure_baselines_record(code, "cpu", o, cache)
 
@@ -412,8 +412,8 @@ def test_baselines_see_the_same_input_changes_as_a_candidate(tmp_path):
     """The candidate's timed calls get their inputs changed in place between calls; the
     eager and compile baselines get the same, so neither side times inputs left warm in a
     cache by the other protocol. The setting is part of the cache key."""
-    from cuda_agent.sandbox.baselines import key_fields, measure_model
-    from cuda_agent.sandbox.profilers import get_profiler
+    from cuda_agent.sandbox.judge.baselines import key_fields, measure_model
+    from cuda_agent.sandbox.judge.profilers import get_profiler
 
     class Seen(torch.nn.Module):
         def __init__(self):

@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 from cuda_agent.core.plugins import get_plugin_manager
-from cuda_agent.sandbox.checks import (
+from cuda_agent.sandbox.judge.checks import (
     FallbackCheck,
     GuardTamperingCheck,
     KernelTorchOpsCheck,

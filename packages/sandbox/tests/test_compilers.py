@@ -14,11 +14,11 @@ import pytest
 
 from cuda_agent.core.plugins import get_plugin_manager
 from cuda_agent.core.types import Task
-from cuda_agent.sandbox.buildcache import JobSlots
+from cuda_agent.sandbox.compilers.buildcache import JobSlots
 from cuda_agent.sandbox.compilers import CppExtensionCompiler, GxxCompiler, NvccCompiler, read_manifest
 from cuda_agent.sandbox.compilers.diagnostics import trim_errors
 from cuda_agent.sandbox.compilers.signatures import SignatureError, extern_c_functions
-from cuda_agent.sandbox.workspace import create_workspace
+from cuda_agent.sandbox.workspace.workspace import create_workspace
 
 TASK = """
 import torch
@@ -342,7 +342,7 @@ def test_symlinks_refused(tmp_path):
 
 
 def test_cache_prune_keeps_recent_entries(tmp_path):
-    from cuda_agent.sandbox.buildcache import BuildCache
+    from cuda_agent.sandbox.compilers.buildcache import BuildCache
 
     cache = BuildCache(tmp_path / "c")
     paths = []

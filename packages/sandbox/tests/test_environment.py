@@ -13,8 +13,8 @@ from cuda_agent.core.policies import OpenAIPolicy
 from cuda_agent.core.types import Task
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("cuda_agent.sandbox.jobs") is None,
-    reason="verification/profiling jobs (cuda_agent.sandbox.jobs) are not installed",
+    importlib.util.find_spec("cuda_agent.sandbox.judge.jobs") is None,
+    reason="verification/profiling jobs (cuda_agent.sandbox.judge.jobs) are not installed",
 )
 
 MODEL = '''import torch
@@ -73,7 +73,7 @@ TASK = Task(id="relu_axpb", source="test", code=MODEL)
 
 
 def make_env(tmp_path, **kw):
-    from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions
+    from cuda_agent.sandbox.workspace.environment import CudaEnvironment, EnvironmentOptions
 
     return CudaEnvironment(TASK, tmp_path / "ws", EnvironmentOptions(backend="cpu", **kw),
                            executor={"name": "cpu"}, reward={"name": "milestone"})
@@ -165,7 +165,7 @@ def test_protected_files_and_state_dir_are_refused(tmp_path):
 
 
 def test_shell_tools_through_the_local_sandbox(tmp_path):
-    from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions
+    from cuda_agent.sandbox.workspace.environment import CudaEnvironment, EnvironmentOptions
 
     script = [
         reply("", [tool_call("bash", {"command": "cd kernels && export MARK=42"}, "b1")]),

@@ -10,7 +10,7 @@ import pytest
 from cuda_agent.core.agent import EpisodeOver
 from cuda_agent.core.errors import ConfigError, TaskError
 from cuda_agent.core.types import Task
-from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory, EpisodeOptions
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "tools" / "template" / "gxx" / "examples" / "model.py"
 COPY = "cp -r examples/kernels examples/model_new.py ."

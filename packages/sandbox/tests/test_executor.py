@@ -16,7 +16,7 @@ import pytest
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.types import FailureCategory
 from cuda_agent.sandbox.executors import CpuExecutor, Job, JobError, LocalExecutor
-from cuda_agent.sandbox.executors.jobs import classify_exception, describe_exit
+from cuda_agent.sandbox.executors.job import classify_exception, describe_exit
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions, LocalExecutorOptions
 
 S = "cuda_agent.sandbox.executors.selftest:"

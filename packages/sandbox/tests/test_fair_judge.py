@@ -21,7 +21,7 @@ from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import make_workspace  # noqa: E402
 
-T = "cuda_agent.sandbox.executors.tasks:"
+T = "cuda_agent.sandbox.judge.tasks:"
 
 GEMM_TASK = textwrap.dedent('''
     import torch

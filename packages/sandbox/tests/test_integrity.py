@@ -12,14 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_agent.core.types import FailureCategory  # noqa: E402
-from cuda_agent.sandbox import integrity  # noqa: E402
+from cuda_agent.sandbox.judge import integrity  # noqa: E402
 from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import hooked_relu_new, make_workspace, relu_new  # noqa: E402
 
-T = "cuda_agent.sandbox.executors.tasks:"
+T = "cuda_agent.sandbox.judge.tasks:"
 FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_replaced_timer_is_refused(executor, ws):
 def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
     # a wrong kernel (returns the input) that makes the harness's comparison always agree
     code = hooked_relu_new(at_import=(
-        "import cuda_agent.sandbox.verify as _v\n"
+        "import cuda_agent.sandbox.judge.verify as _v\n"
         "_v.compare_outputs = lambda *a, **k: _v.Comparison(ok=True)"), ret="x")
     v = job(executor, ws, "verify", code)  # the static checks refuse importing the harness
     assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP and "static.guard-tampering" in v.message, v.message
@@ -72,7 +72,7 @@ def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
 def test_replaced_profiler_method_is_refused(executor, ws):
     # the harness's own classes count: a profiler whose time() reports what the candidate likes
     code = hooked_relu_new(at_import=(
-        "from cuda_agent.sandbox.profilers import wallclock as _w\n"
+        "from cuda_agent.sandbox.judge.profilers import wallclock as _w\n"
         "_real = _w.WallclockProfiler.time\n"
         "def _fast(self, *a, **k):\n"
         "    t = _real(self, *a, **k)\n"

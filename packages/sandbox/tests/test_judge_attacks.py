@@ -34,7 +34,7 @@ from test_verify_support import hooked_relu_new, make_workspace, relu_new  # noq
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="job users and namespaces need root on Linux")
 
-T = "cuda_agent.sandbox.executors.tasks:"
+T = "cuda_agent.sandbox.judge.tasks:"
 # a ReLU big enough that its timed loops (at least 100 calls) take well over 100 ms
 BIG_RELU_TASK = textwrap.dedent('''
     import torch
@@ -143,7 +143,7 @@ def test_the_verdict_is_out_of_the_candidates_reach(executor, ws, attack):
 
 
 def test_the_integrity_check_sees_in_place_code_swaps(executor, ws):
-    swap = "import cuda_agent.sandbox.inputs as _i\n_i.describe.__code__ = (lambda obj: obj).__code__"
+    swap = "import cuda_agent.sandbox.judge.inputs as _i\n_i.describe.__code__ = (lambda obj: obj).__code__"
     v = job(executor, ws, "verify", hooked_relu_new(at_import=swap), **NO_STATIC)
     assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP and "rewritten in place" in v.message, v.message
 

@@ -28,8 +28,8 @@ if str(HERE) not in sys.path:  # pool workers resolve "test_multidevice:timed" t
     sys.path.append(str(HERE))
 
 TIMED = "test_multidevice:timed"
-VERIFY = "cuda_agent.sandbox.executors.tasks:verify"
-PROFILE = "cuda_agent.sandbox.executors.tasks:profile"
+VERIFY = "cuda_agent.sandbox.judge.tasks:verify"
+PROFILE = "cuda_agent.sandbox.judge.tasks:profile"
 
 
 def timed(fn: str, kwargs: dict, device: str = "") -> dict:
@@ -64,7 +64,7 @@ def overlapping(intervals: list[dict], kinds: tuple[str, ...] | None = None) -> 
 def workspace(tmp_path_factory):
     """The template's worked example (axpby) with its correct g++ candidate, compiled."""
     from cuda_agent.core.plugins import get_plugin_manager
-    from cuda_agent.sandbox.workspace import create_workspace, tools_dir
+    from cuda_agent.sandbox.workspace.workspace import create_workspace, tools_dir
 
     ex = tools_dir() / "template" / "gxx" / "examples"
     model, n = re.subn(r"torch\.randn\(\d+, \d+\)", "torch.randn(128, 512)", (ex / "model.py").read_text())

@@ -12,8 +12,8 @@ from cuda_agent.core.agent.testing import ScriptedChatServer, reply, tool_call
 from cuda_agent.core.cli import main
 
 needs_jobs = pytest.mark.skipif(
-    importlib.util.find_spec("cuda_agent.sandbox.jobs") is None,
-    reason="verification/profiling jobs (cuda_agent.sandbox.jobs) are not installed",
+    importlib.util.find_spec("cuda_agent.sandbox.judge.jobs") is None,
+    reason="verification/profiling jobs (cuda_agent.sandbox.judge.jobs) are not installed",
 )
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from cuda_agent.core.agent.testing import ScriptedChatServer
 from cuda_agent.core.cli import main
-from cuda_agent.sandbox.modelcheck import check_model
+from cuda_agent.sandbox.workspace.modelcheck import check_model
 
 needs_jobs = pytest.mark.skipif(
-    importlib.util.find_spec("cuda_agent.sandbox.jobs") is None,
-    reason="verification/profiling jobs (cuda_agent.sandbox.jobs) are not installed",
+    importlib.util.find_spec("cuda_agent.sandbox.judge.jobs") is None,
+    reason="verification/profiling jobs (cuda_agent.sandbox.judge.jobs) are not installed",
 )
 
 GOOD = textwrap.dedent("""

@@ -21,8 +21,8 @@ from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
 from cuda_agent.sandbox.judge.identity import JOB_UID_BASE, JOB_UID_COUNT  # noqa: E402
-from cuda_agent.sandbox.privdrop import closed_folder, rebase, workspace_user  # noqa: E402
-from cuda_agent.sandbox.sandboxes.common import apply_layout  # noqa: E402
+from cuda_agent.sandbox.isolation.privdrop import closed_folder, rebase, workspace_user  # noqa: E402
+from cuda_agent.sandbox.isolation.sandboxes.common import apply_layout  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import hooked_relu_new, make_workspace  # noqa: E402
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
     reason="privilege drop needs root on Linux (the jobs keep their rights otherwise)")
 
-T = "cuda_agent.sandbox.executors.tasks:"
+T = "cuda_agent.sandbox.judge.tasks:"
 FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
 AGENT_UID = 61999  # stands for the local sandbox's agent user of the workspace
 
@@ -274,7 +274,7 @@ def test_without_a_mount_namespace(setup, monkeypatch):
 def test_scratch_roots_are_never_bound_back(tmp_path, monkeypatch):
     """A worker started from /tmp has it on sys.path; binding it back read-only over the
     job's private /tmp made every job fail with 'Read-only file system'."""
-    from cuda_agent.sandbox.privdrop import _expose_paths
+    from cuda_agent.sandbox.isolation.privdrop import _expose_paths
 
     monkeypatch.setattr(sys, "path", ["", "/tmp", "/", "/var/tmp", str(tmp_path), *sys.path])
     monkeypatch.chdir("/tmp")

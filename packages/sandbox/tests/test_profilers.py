@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_agent.core.plugins import get_plugin_manager  # noqa: E402
-from cuda_agent.sandbox.profilers import (  # noqa: E402
+from cuda_agent.sandbox.judge.profilers import (
     CudaEventsProfiler,
     NsightComputeProfiler,
     ProfilerError,
@@ -73,7 +73,7 @@ def test_gpu_profilers_refuse_without_cuda():
 
 
 def test_nsight_compute_needs_ncu(tmp_path):
-    from cuda_agent.sandbox.profilers.nsight_compute import analyze
+    from cuda_agent.sandbox.judge.profilers.nsight_compute import analyze
 
     with pytest.raises(ProfilerError, match="ncu not found"):
         analyze(tmp_path, "cuda", options=NsightComputeProfiler.Options(ncu=str(tmp_path / "no-ncu")))
@@ -164,7 +164,7 @@ FORK_DOT = CHAIN_DOT.replace(
 
 
 def test_parallel_branches_of_a_graph():
-    from cuda_agent.sandbox.profilers.cuda_events import parallel_branches
+    from cuda_agent.sandbox.judge.profilers.cuda_events import parallel_branches
 
     assert parallel_branches(CHAIN_DOT) == 1
     assert parallel_branches(FORK_DOT) == 2  # node 0 forks to 1 and 2, which join at 3
@@ -187,7 +187,7 @@ def test_only_cuda_events_has_a_reason_up_front():
 
 @pytest.mark.gpu
 def test_work_forked_onto_a_second_stream_is_timed_by_graph_replay():
-    from cuda_agent.sandbox.profilers.base import time_for_task
+    from cuda_agent.sandbox.judge.profilers.base import time_for_task
 
     side = torch.cuda.Stream()
     x = torch.randn(2048, 2048, device="cuda")
@@ -213,7 +213,7 @@ def test_work_forked_onto_a_second_stream_is_timed_by_graph_replay():
 
 
 def test_settled_waits_for_per_call_times_to_level_off():
-    from cuda_agent.sandbox.profilers.base import settled, window_calls
+    from cuda_agent.sandbox.judge.profilers.base import settled, window_calls
 
     # 1 ms calls, 10 ms windows: ten calls each
     assert window_calls([1.0] * 5, 10.0) == 10 and window_calls([50.0] * 3, 10.0) == 2

@@ -12,7 +12,7 @@ from cuda_agent.core.types import Timing
 from cuda_agent.sandbox.executors import CpuExecutor, Job
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions
 from cuda_agent.sandbox.executors.pool import DeviceSpec, WorkerPool
-from cuda_agent.sandbox.profilers.base import profiler_for, time_for_task, time_stably
+from cuda_agent.sandbox.judge.profilers.base import profiler_for, time_for_task, time_stably
 
 S = "cuda_agent.sandbox.executors.selftest:"
 
@@ -227,7 +227,7 @@ def test_a_task_with_a_reason_up_front_is_timed_in_the_steadier_mode_only():
 
 def test_baselines_record_the_switch():
     torch = pytest.importorskip("torch")
-    from cuda_agent.sandbox.baselines import measure_model
+    from cuda_agent.sandbox.judge.baselines import measure_model
 
     sets = [[torch.randn(8)], [torch.randn(8)]]
     eager, comp, info = measure_model(torch.nn.ReLU(), sets, "cpu", ScriptedProfiler([0.3, 0.2], steady=0.001),

@@ -14,10 +14,10 @@ import pytest
 
 from cuda_agent.core.plugins import get_plugin_manager
 from cuda_agent.core.types import Task
-from cuda_agent.sandbox.sandboxes import DockerSandbox, LocalSandbox
-from cuda_agent.sandbox.sandboxes.common import is_root
-from cuda_agent.sandbox.sandboxes.local import _namespaces_work
-from cuda_agent.sandbox.workspace import create_workspace
+from cuda_agent.sandbox.isolation.sandboxes import DockerSandbox, LocalSandbox
+from cuda_agent.sandbox.isolation.sandboxes.common import is_root
+from cuda_agent.sandbox.isolation.sandboxes.local import _namespaces_work
+from cuda_agent.sandbox.workspace.workspace import create_workspace
 
 TASK = """
 import torch
@@ -52,7 +52,7 @@ def docker_image():
     """The sandbox image, built once if missing (CI builds it before the tests)."""
     if not docker_available():
         pytest.skip("no Docker engine reachable")
-    from cuda_agent.sandbox.sandboxes.image import DEFAULT_IMAGE, build_image
+    from cuda_agent.sandbox.isolation.sandboxes.image import DEFAULT_IMAGE, build_image
 
     try:
         build_image(DEFAULT_IMAGE, log=lambda *_: None)
@@ -330,7 +330,7 @@ def test_docker_engine_from_docker_host(docker_image, ws, monkeypatch):
 
 
 def test_docker_unreachable_engine_is_one_clear_error(ws, monkeypatch):
-    from cuda_agent.sandbox.sandboxes import SandboxError
+    from cuda_agent.sandbox.isolation.sandboxes import SandboxError
 
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
     with pytest.raises(SandboxError, match="cannot reach a Docker engine at tcp://127.0.0.1:1"):
@@ -338,8 +338,8 @@ def test_docker_unreachable_engine_is_one_clear_error(ws, monkeypatch):
 
 
 def test_build_image_from_local_rootfs_is_checked(tmp_path):
-    from cuda_agent.sandbox.sandboxes import SandboxError
-    from cuda_agent.sandbox.sandboxes.image import import_rootfs
+    from cuda_agent.sandbox.isolation.sandboxes import SandboxError
+    from cuda_agent.sandbox.isolation.sandboxes.image import import_rootfs
 
     (tmp_path / "bin").mkdir()
     with pytest.raises(SandboxError, match="lacks bin/bash"):
@@ -411,7 +411,7 @@ def test_local_without_isolation_still_limits_and_kills(ws):
 
 def test_bad_options_are_one_line_errors(ws):
     from cuda_agent.core.errors import ConfigError
-    from cuda_agent.sandbox.sandboxes import SandboxError
+    from cuda_agent.sandbox.isolation.sandboxes import SandboxError
 
     with pytest.raises(SandboxError, match="isolation must be"):
         LocalSandbox(LocalSandbox.Options(isolation="chroot")).open(ws.root, ws.protected)

@@ -21,7 +21,7 @@ import pytest
 
 from cuda_agent.core.types import FailureCategory
 from cuda_agent.sandbox.executors.local import CpuExecutor, CpuExecutorOptions
-from cuda_agent.sandbox.service import ServiceOptions, WorkspaceService
+from cuda_agent.sandbox.workspace.service import ServiceOptions, WorkspaceService
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools"
@@ -206,7 +206,7 @@ def test_verify_and_profile_as_one_job(tmp_path, executor):
 
 
 def test_score_workspace_without_a_socket(tmp_path, executor):
-    from cuda_agent.sandbox.service import score_workspace
+    from cuda_agent.sandbox.workspace.service import score_workspace
 
     ws = make_ws(tmp_path / "ws")
     opts = {"verify_job": "test_service_kit:verify_job", "profile_job": "test_service_kit:profile_job",
@@ -244,7 +244,7 @@ def test_long_workspace_path(tmp_path, executor):
         assert sock.is_socket() and not sock.is_symlink()  # the real socket, visible through any mount
         r = tool(ws, "compile")
         assert r.returncode == 0, r.stdout
-        from cuda_agent.sandbox.service import connect
+        from cuda_agent.sandbox.workspace.service import connect
 
         connect(sock).close()
 

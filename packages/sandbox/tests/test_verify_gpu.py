@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_agent.core.types import FailureCategory  # noqa: E402
-from cuda_agent.sandbox.jobs import ProfileOptions, VerifyOptions, profile_file, verify_file  # noqa: E402
+from cuda_agent.sandbox.judge.jobs import ProfileOptions, VerifyOptions, profile_file, verify_file  # noqa: E402
 
 REF = textwrap.dedent('''
     import torch

@@ -154,7 +154,7 @@ def relu_new(fn: str = "relu", ret: str = "y") -> str:
 def make_workspace(tmp: Path, task_code: str = RELU_TASK, model_new: str | None = None, kernels: str = KERNELS_CPP, build: bool = True):
     """A real CPU workspace (template, runtime loader) with g++-built kernels."""
     from cuda_agent.sandbox.compilers.gxx import GxxCompiler
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     ws = create_workspace(Task(id="t", source="test", code=task_code), tmp / "ws", backend="cpu", compiler="gxx")
     (ws.root / "kernels" / "k.cpp").write_text(kernels)

@@ -9,7 +9,7 @@ import pytest
 
 from cuda_agent.core.errors import TaskError
 from cuda_agent.core.types import Task
-from cuda_agent.sandbox.workspace import Workspace, WorkspaceError, create_workspace, remove_workspace
+from cuda_agent.sandbox.workspace.workspace import Workspace, WorkspaceError, create_workspace, remove_workspace
 
 TASK = """
 import torch

@@ -179,14 +179,14 @@ MODEL_NEW, KERNEL = CASES.MODEL_NEW, CASES.KERNEL
 
 
 def test_builds_on_the_cluster_and_baselines_measured_once(pools, tmp_path):
-    from cuda_agent.sandbox.workspace import create_workspace
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
 
     ex = pools("baselines", pool={"spares": 0, "warm_plugins": False}, builds="ray",
                baseline_cache_dir=str(tmp_path / "head-cache"))
     ws = create_workspace(Task(id="add", source="test", code=TASK), tmp_path / "ws", backend="cpu")
     (ws.root / "kernels" / "add.cpp").write_text(KERNEL.format(fn="add", expr="a[i] + b[i]"))
     (ws.root / "model_new.py").write_text(MODEL_NEW.format(fn="add"))
-    from cuda_agent.sandbox.service import WorkspaceService
+    from cuda_agent.sandbox.workspace.service import WorkspaceService
 
     svc = WorkspaceService(ws, executor=ex)  # its compile step goes to ex.build_executor()
     t0 = time.monotonic()
@@ -203,7 +203,7 @@ def test_builds_on_the_cluster_and_baselines_measured_once(pools, tmp_path):
     # one attempt per timing: a busy host would otherwise retake every timing up to three times
     opts = {"compile_baseline": False, "num_input_sets": 1, "attempts": 1,
             "baseline_cache_dir": str(tmp_path / "client-cache")}
-    futs = [ex.submit(Job("cuda_agent.sandbox.executors.tasks:profile", {"workspace": str(ws.root), "options": opts},
+    futs = [ex.submit(Job("cuda_agent.sandbox.judge.tasks:profile", {"workspace": str(ws.root), "options": opts},
                           kind="profile", timeout=300)) for _ in range(2)]
     t0 = time.monotonic()
     wait(futs, timeout=300)

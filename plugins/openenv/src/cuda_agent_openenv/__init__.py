@@ -14,7 +14,7 @@ _EXPORTS = {
     "CudaEnvClient": ".client", "CudaOpenEnv": ".environment", "CudaAction": ".models",
     "CudaObservation": ".models", "CudaState": ".models", "ToolCallSpec": ".models", "ToolOutput": ".models",
     "create_app": ".server", "serve": ".server",
-    "EpisodeFactory": "cuda_agent.sandbox.episodes", "EpisodeOptions": "cuda_agent.sandbox.episodes",
+    "EpisodeFactory": "cuda_agent.sandbox.workspace.episodes", "EpisodeOptions": "cuda_agent.sandbox.workspace.episodes",
 }
 
 

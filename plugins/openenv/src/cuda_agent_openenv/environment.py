@@ -1,7 +1,7 @@
 """``CudaOpenEnv``: an OpenEnv ``Environment`` over our CUDA episodes.
 
 Every session (one client's WebSocket) gets its own instance; ``reset(task_id=...)`` opens
-a fresh workspace through the shared :class:`~cuda_agent.sandbox.episodes.EpisodeFactory`,
+a fresh workspace through the shared :class:`~cuda_agent.sandbox.workspace.episodes.EpisodeFactory`,
 ``step(CudaAction)`` runs one model turn's tool calls through our agent tools, and the step
 that ends the episode (an answer without tool calls, or the turn limit) carries the
 judge's reward. A step before ``reset`` or after the end is refused with a one-line error
@@ -18,7 +18,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
 from cuda_agent.core.errors import TaskError
-from cuda_agent.sandbox.episodes import Episode, EpisodeFactory
+from cuda_agent.sandbox.workspace.episodes import Episode, EpisodeFactory
 
 from .models import CudaAction, CudaObservation, CudaState, ToolOutput
 

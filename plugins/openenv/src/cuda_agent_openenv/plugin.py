@@ -25,7 +25,7 @@ def register_commands(cli):
         import yaml
 
         from cuda_agent.core.errors import ConfigError
-        from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+        from cuda_agent.sandbox.workspace.episodes import EpisodeFactory, EpisodeOptions
 
         from .server import serve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cuda_agent.sandbox.episodes import EpisodeFactory
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory
 
 from .environment import CudaOpenEnv
 from .models import CudaAction, CudaObservation

@@ -1,6 +1,6 @@
 """One baseline cache for the whole cluster: a store actor on the head node and a mirror per node.
 
-Profiling jobs read and write baselines in a folder (:mod:`cuda_agent.sandbox.baselines`:
+Profiling jobs read and write baselines in a folder (:mod:`cuda_agent.sandbox.judge.baselines`:
 one JSON record per key, the key covering task, GPU model, torch version, precision
 policy and profiler). On a cluster each node has such a folder, the *mirror*, and the
 :class:`BaselineStore` actor (named, detached, on the head node) holds the records of
@@ -106,7 +106,7 @@ class BaselineStore:
 
     def __init__(self, directory: str = ""):
         if not directory:
-            from cuda_agent.sandbox.baselines import default_cache_dir
+            from cuda_agent.sandbox.judge.baselines import default_cache_dir
 
             directory = str(default_cache_dir())
         self.dir = Path(directory)

@@ -34,7 +34,7 @@ from typing import Any
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.interfaces import Executor
 from cuda_agent.core.types import FailureCategory
-from cuda_agent.sandbox.executors.jobs import Job, JobError, format_seconds
+from cuda_agent.sandbox.executors.job import Job, JobError, format_seconds
 from cuda_agent.sandbox.executors.pool import JobRecord
 
 from . import cluster
@@ -186,7 +186,7 @@ class RayExecutor(Executor):
     def _check_pool_options(self, pool: dict) -> dict:
         """The node pool's options, checked here against the local/cpu executor's schema."""
         from cuda_agent.sandbox.executors.local import CpuExecutor, LocalExecutor
-        from cuda_agent.sandbox.executors.tasks import build_options
+        from cuda_agent.sandbox.judge.tasks import build_options
 
         cls = LocalExecutor if self.options.backend == "cuda" else CpuExecutor
         for key in ("devices", "device_count", "workers"):

@@ -90,7 +90,7 @@ class SlotActor:
     def __init__(self, spec: dict):
         import ray
 
-        from cuda_agent.sandbox.executors.tasks import build_options
+        from cuda_agent.sandbox.judge.tasks import build_options
 
         self.spec = dict(spec)
         self.hash = spec_hash(self.spec)
@@ -261,7 +261,7 @@ class SlotActor:
     def _run(self, holder: str, job: dict, payload: list) -> tuple:
         import ray
 
-        from cuda_agent.sandbox.executors.jobs import Job, JobError
+        from cuda_agent.sandbox.executors.job import Job, JobError
 
         accepted = time.time()
         self.jobs += 1

@@ -176,7 +176,7 @@ def write_tree(root: str | os.PathLike, files: dict[str, bytes], sub: str) -> No
 def remove_tree(path: str | os.PathLike) -> None:
     """Delete a folder made by :func:`unpack`, read-only parts included."""
     try:
-        from cuda_agent.sandbox.workspace import remove_workspace
+        from cuda_agent.sandbox.workspace.workspace import remove_workspace
 
         remove_workspace(path)
     except Exception:  # noqa: BLE001 - best effort: a temporary folder

@@ -5,11 +5,11 @@
 * :class:`CudaReward` -- a ``reward_funcs`` entry for single-turn completions.
 * :func:`task_dataset` -- the prompt dataset (``prompt`` and ``task_id`` columns).
 
-Both take a :class:`cuda_agent.sandbox.episodes.EpisodeFactory` (tasks, backend, reward,
+Both take a :class:`cuda_agent.sandbox.workspace.episodes.EpisodeFactory` (tasks, backend, reward,
 executor). See the plugin's README for a runnable example.
 """
 
-from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory, EpisodeOptions
 
 from .dataset import system_message, task_dataset
 from .environment import CudaToolEnv, CudaToolEnvFactory, ToolFailed

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from cuda_agent.sandbox.environment import task_prompt
-from cuda_agent.sandbox.episodes import EpisodeFactory
+from cuda_agent.sandbox.workspace.environment import task_prompt
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory
 
 
 def system_message(episodes: EpisodeFactory) -> str:

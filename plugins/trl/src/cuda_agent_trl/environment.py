@@ -4,7 +4,7 @@ TRL builds one environment instance per rollout (and reuses them, calling ``rese
 its public methods are the tools the model may call, ``reset(**row)`` starts an episode
 and returns the text appended to the prompt's last user message, and ``get_reward()``
 scores the finished rollout. :class:`CudaToolEnvFactory` is that factory: each instance
-opens a :class:`~cuda_agent.sandbox.episodes.Episode` for the row's ``task_id``, offers our
+opens a :class:`~cuda_agent.sandbox.workspace.episodes.Episode` for the row's ``task_id``, offers our
 agent tools as methods, and ``get_reward`` returns the judge's reward (milestone or
 speedup), logged by TRL as ``rewards/CudaToolEnv/mean``.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from cuda_agent.core.agent import build_tools
 from cuda_agent.core.errors import ConfigError, CudaAgentError, TaskError
-from cuda_agent.sandbox.episodes import Episode, EpisodeFactory
+from cuda_agent.sandbox.workspace.episodes import Episode, EpisodeFactory
 
 from .tools import method_name, tool_method
 
@@ -45,7 +45,7 @@ class CudaToolEnv:
         episodes = self._factory.episodes
         tid = task_id if task_id is not None else self._factory.next_task_id()
         self._episode = episodes.open(tid, framework="trl")
-        from cuda_agent.sandbox.environment import task_prompt
+        from cuda_agent.sandbox.workspace.environment import task_prompt
 
         return task_prompt(self._episode.task, episodes.backend)
 

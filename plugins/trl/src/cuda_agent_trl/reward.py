@@ -12,7 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cuda_agent.sandbox.episodes import EpisodeFactory
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory
 
 
 def assistant_turn(completion: Any) -> tuple[str, list | None]:

@@ -5,7 +5,7 @@ Importing this package registers the agent loop with verl; select it with
 column) and configure the tasks under ``cuda_agent:``. See the plugin's README.
 """
 
-from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory, EpisodeOptions
 
 from .agent_loop import AGENT_NAME, CudaAgentLoop, VerlServerPolicy, episodes_from_config, sample_task_id, use_episodes
 

@@ -8,8 +8,8 @@ those of our trainer, and returns the token ids, response mask, rollout log-prob
 judge's reward as verl's ``AgentLoopOutput``.
 
 Configure it under ``cuda_agent:`` in verl's trainer config (the fields of
-:class:`~cuda_agent.sandbox.episodes.EpisodeOptions` plus ``dataset``), or hand a built
-:class:`~cuda_agent.sandbox.episodes.EpisodeFactory` to :func:`use_episodes`.
+:class:`~cuda_agent.sandbox.workspace.episodes.EpisodeOptions` plus ``dataset``), or hand a built
+:class:`~cuda_agent.sandbox.workspace.episodes.EpisodeFactory` to :func:`use_episodes`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from cuda_agent.core.agent import AgentOptions, run_episode
 from cuda_agent.core.agent.loop import render_prompt_ids
 from cuda_agent.core.errors import ConfigError, TaskError
-from cuda_agent.sandbox.episodes import EpisodeFactory, EpisodeOptions
+from cuda_agent.sandbox.workspace.episodes import EpisodeFactory, EpisodeOptions
 
 AGENT_NAME = "cuda_agent"
 

@@ -3,7 +3,7 @@
 The caller's side: :func:`open_executor` builds the executor a config names (``cpu`` by
 default, ``local`` for ``device: cuda``) and :func:`run_tasks` streams tasks through it, one
 result per task. The job's side: :func:`run_batch` runs a few tasks in a fresh worker process
-that has given up root rights (:func:`cuda_agent.sandbox.privdrop.drop_privileges`) before any
+that has given up root rights (:func:`cuda_agent.sandbox.isolation.privdrop.drop_privileges`) before any
 task code runs. A task past its timeout ends its batch, and a batch whose process crashed or
 hung runs again one task per job, so a hang or a crash costs that task only.
 """
@@ -76,7 +76,7 @@ def run_tasks(executor: Any, check: str, items: Iterable[tuple[Any, str]], *, ti
     one-line ``reason``; ``privileges`` says whom the task code ran as. Items are drawn only
     as slots free up."""
     try:
-        from cuda_agent.sandbox.executors.jobs import Job, JobError
+        from cuda_agent.sandbox.executors.job import Job, JobError
     except ImportError as exc:
         raise ConfigError(f"running task code needs the executor jobs: {SANDBOX_HINT} ({exc})") from None
     from concurrent.futures import FIRST_COMPLETED, wait
@@ -151,7 +151,7 @@ def run_batch(check: str, codes: list[str], timeout: float, folder: str, init: s
     """Job function: ``check(code, state)`` for each of ``codes`` with root rights given up
     first. Returns ``results`` (fewer than ``codes`` after a timeout: the rest runs in a new
     job) and ``privileges``."""
-    from cuda_agent.sandbox import privdrop
+    from cuda_agent.sandbox.isolation import privdrop
 
     if threads:
         import torch

@@ -105,10 +105,10 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
         raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
     policy = pm.create("policy", pol, where="policy")
     try:
-        from cuda_agent.sandbox.environment import CudaEnvironment, EnvironmentOptions
+        from cuda_agent.sandbox.workspace.environment import CudaEnvironment, EnvironmentOptions
     except ImportError as exc:
         raise ConfigError(
-            "agent evaluation needs cuda_agent.sandbox.environment.CudaEnvironment (install cuda-agent-sandbox)"
+            "agent evaluation needs cuda_agent.sandbox.workspace.environment.CudaEnvironment (install cuda-agent-sandbox)"
         ) from exc
     from cuda_agent.core.agent import AgentOptions, TrajectoryStore
 

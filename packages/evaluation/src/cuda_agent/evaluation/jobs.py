@@ -14,14 +14,14 @@ from typing import Any
 
 
 def _baseline_options(options: dict | None, device: str) -> Any:
-    from cuda_agent.sandbox import jobs
+    from cuda_agent.sandbox.judge import jobs
 
     return jobs._baseline_opts(dict(options or {}), device)
 
 
 def baselines_chunk(tasks: list[dict], device: str, options: dict | None = None) -> list[dict]:
     """Baselines of ``tasks`` (``{"id", "code"}`` each) on ``device``; one row per task."""
-    from cuda_agent.sandbox.baselines import cache_for, measure_many
+    from cuda_agent.sandbox.judge.baselines import cache_for, measure_many
 
     bopts = _baseline_options(options, device)
     cache = cache_for(bopts.cache_dir or None)

@@ -32,11 +32,11 @@ from .metrics import TaskResult, best_result, infra_error_result, result_from_ou
 from .samples import SampleResult, sample_from_result
 from .solutions import KERNELBENCH, Solution, install_solution
 
-VERIFY_JOB = "cuda_agent.sandbox.executors.tasks:verify"
-PROFILE_JOB = "cuda_agent.sandbox.executors.tasks:profile"
-EVALUATE_JOB = "cuda_agent.sandbox.executors.tasks:evaluate"  # verify, then profile, in one worker
+VERIFY_JOB = "cuda_agent.sandbox.judge.tasks:verify"
+PROFILE_JOB = "cuda_agent.sandbox.judge.tasks:profile"
+EVALUATE_JOB = "cuda_agent.sandbox.judge.tasks:evaluate"  # verify, then profile, in one worker
 BASELINE_JOB = "cuda_agent.evaluation.jobs:baselines"
-BUILD_JOB = "cuda_agent.sandbox.service:compile_job"  # a build sent to the executor's build_executor()
+BUILD_JOB = "cuda_agent.sandbox.workspace.service:compile_job"  # a build sent to the executor's build_executor()
 
 
 # --- task selection ------------------------------------------------------------------
@@ -90,7 +90,7 @@ def make_workspace(task: Task, dest: Path, backend: str, compiler: str | None = 
     """A fresh workspace for ``task`` at ``dest`` (the sandbox's template when installed)."""
     remove_workspace(dest)
     try:
-        from cuda_agent.sandbox.workspace import create_workspace
+        from cuda_agent.sandbox.workspace.workspace import create_workspace
     except ImportError:
         create_workspace = None
     if create_workspace is not None:
@@ -107,7 +107,7 @@ def remove_workspace(dest: Path) -> None:
     if not Path(dest).exists():
         return
     try:
-        from cuda_agent.sandbox.workspace import remove_workspace as _remove
+        from cuda_agent.sandbox.workspace.workspace import remove_workspace as _remove
     except ImportError:
         _remove = None
     if _remove is not None:

@@ -19,7 +19,7 @@ def register_executors(register):
 def register_config_fragments(register):
     from cuda_agent.core.configcheck import schema_defaults
 
-    from .service import ServiceOptions
+    from .workspace.service import ServiceOptions
 
     register("sandbox.executor", Path(__file__).parent / "configs" / "executor.yaml")
     register("sandbox.service", {"service": schema_defaults(ServiceOptions)})
@@ -28,8 +28,8 @@ def register_config_fragments(register):
 
 @hookimpl
 def register_config_schemas(register):
-    from .environment import EnvironmentOptions
-    from .service import ServiceOptions
+    from .workspace.environment import EnvironmentOptions
+    from .workspace.service import ServiceOptions
 
     register("service", ServiceOptions)
     register("environment", EnvironmentOptions)
@@ -46,7 +46,7 @@ def register_compilers(register):
 
 @hookimpl
 def register_profilers(register):
-    from .profilers import BUILTIN_PROFILERS
+    from .judge.profilers import BUILTIN_PROFILERS
 
     for cls in BUILTIN_PROFILERS:
         register(cls)
@@ -54,7 +54,7 @@ def register_profilers(register):
 
 @hookimpl
 def register_correctness_checks(register):
-    from .checks import BUILTIN_CHECKS
+    from .judge.checks import BUILTIN_CHECKS
 
     for cls in BUILTIN_CHECKS:
         register(cls)
@@ -62,9 +62,9 @@ def register_correctness_checks(register):
 
 @hookimpl
 def register_commands(cli):
-    from .optimize import register
+    from .workspace.optimize import register
     from .executors.cli import register_executor_commands
-    from .sandboxes.cli import register_sandbox_commands
+    from .workspace.sandbox_cli import register_sandbox_commands
 
     register(cli)
     register_sandbox_commands(cli)
@@ -73,7 +73,7 @@ def register_commands(cli):
 
 @hookimpl
 def register_sandboxes(register):
-    from .sandboxes import DockerSandbox, LocalSandbox
+    from .isolation.sandboxes import DockerSandbox, LocalSandbox
 
     register(LocalSandbox)
     register(DockerSandbox)

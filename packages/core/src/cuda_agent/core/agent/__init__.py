@@ -39,7 +39,7 @@ For tests: :mod:`cuda_agent.core.agent.testing` (``ScriptedChatServer``: a chat-
 server on loopback with scripted answers, errors and dropped connections) and
 :func:`cuda_agent.core.policies.tiny.build_tiny_model` (a random-weight Qwen2 with a
 tokenizer trained in-process and a ChatML tool template, loadable by transformers/vLLM).
-The CUDA/CPU environment is ``cuda_agent.sandbox.environment.CudaEnvironment``.
+The CUDA/CPU environment is ``cuda_agent.sandbox.workspace.environment.CudaEnvironment``.
 """
 
 from .budget import ContextBudget, truncate_middle

@@ -1,4 +1,15 @@
-"""Compiler plugins: cpp_extension and nvcc (backend cuda), gxx (backend cpu)."""
+"""Compilers: turning the agent's sources into something the judge can load.
+
+* compiler plugins: :mod:`.cpp_extension` and :mod:`.nvcc` (backend cuda), :mod:`.gxx` (backend
+  cpu), on :class:`.base.IncrementalCompiler` (per-file objects, incremental rebuilds);
+* :mod:`.buildcache` -- the content-addressed object and library cache, machine-wide job slots;
+* :mod:`.frozen` -- the private copy of a workspace's build inputs a build reads;
+* :mod:`.source_check` -- sources may not make the compiler read files outside the workspace;
+* :mod:`.toolchain`, :mod:`.signatures`, :mod:`.diagnostics` -- tools found, binding signatures,
+  compiler messages made short.
+
+May import: ``cuda_agent.core`` and :mod:`..isolation`.
+"""
 
 from .base import BuildError, IncrementalCompiler, read_manifest
 from .cpp_extension import CppExtensionCompiler

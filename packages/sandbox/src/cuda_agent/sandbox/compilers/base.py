@@ -30,9 +30,9 @@ from cuda_agent.core.errors import CudaAgentError
 from cuda_agent.core.interfaces import Compiler
 from cuda_agent.core.types import CompileResult
 
-from ..buildcache import BuildCache, JobSlots, ToolLimits, atomic_copy, atomic_write, run_tool, sha256
+from .buildcache import BuildCache, JobSlots, ToolLimits, atomic_copy, atomic_write, run_tool, sha256
 from .diagnostics import log_tail, trim_errors
-from .guard import check_sources, kernel_files
+from .source_check import check_sources, kernel_files
 from .signatures import SignatureError, extern_c_functions
 
 _init_lock = threading.Lock()

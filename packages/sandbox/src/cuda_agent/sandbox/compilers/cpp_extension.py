@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..buildcache import atomic_write, run_tool, sha256, tool_version
+from .buildcache import atomic_write, run_tool, sha256, tool_version
 from .base import BuildError, CommonOptions, IncrementalCompiler, Unit, agent_sources
 from .toolchain import arch_flags, cuda_lib_dir, find_cxx, find_nvcc, link_flags_for, torch_paths
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..buildcache import tool_version
+from .buildcache import tool_version
 from .base import CommonOptions, IncrementalCompiler, Unit, agent_sources
 from .toolchain import find_cxx, host_cpu_id
 

@@ -6,6 +6,10 @@ hit a CUDA error or ran out of memory. Jobs name an importable function and its 
 arguments (:class:`Job`), so the same pool serves baselines and evaluation too.
 
 Imports are lazy so that the worker process (``python -m ...executors.worker``) starts fast.
+
+May import: ``cuda_agent.core``, :mod:`..compilers` and :mod:`..isolation`. The job functions
+themselves (verification, profiling: :mod:`..judge.tasks`) are named by their import path
+and imported in the worker, never by this package.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "Job": ".jobs",
-    "JobError": ".jobs",
-    "PRIORITIES": ".jobs",
+    "Job": ".job",
+    "JobError": ".job",
+    "PRIORITIES": ".job",
     "DeviceSpec": ".pool",
     "JobRecord": ".pool",
     "WorkerPool": ".pool",

@@ -42,7 +42,7 @@ def register_executor_commands(cli) -> None:
         from cuda_agent.core.config import compose
         from cuda_agent.core.plugins import get_plugin_manager
 
-        from .jobs import Job, JobError
+        from .job import Job, JobError
 
         files, overrides = split_args(args)
         cfg = compose(files, overrides)

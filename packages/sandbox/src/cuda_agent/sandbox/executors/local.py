@@ -20,7 +20,7 @@ from typing import Any
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.interfaces import Executor
 
-from .jobs import Job, JobError
+from .job import Job, JobError
 from .pool import RECYCLE_MODES, DeviceSpec, WorkerPool
 
 PRESTART = "cuda_agent.sandbox.judge.client:prestart"
@@ -75,7 +75,7 @@ class _PoolExecutor(Executor):
         o = self.options
         init = ["cuda_agent.sandbox.executors.health:warm_plugins"] if o.warm_plugins else []
         env = {}
-        if o.quiet_timing:  # see cuda_agent.sandbox.hostlock
+        if o.quiet_timing:  # see cuda_agent.sandbox.isolation.hostlock
             env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
         # last: each worker starts its candidate process (cuda_agent.sandbox.judge) ahead of
         # its job, once its own CUDA context is made
@@ -146,8 +146,8 @@ class LocalExecutorOptions:
     # cannot hand its process on); a reward is two jobs back to back and a worker takes
     # seconds to start (torch import, CUDA context), so with one spare the second job waited.
     spares: int = 3
-    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.integrity); a spare pays it while it waits
-    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.jobs"])
+    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.judge.integrity); a spare pays it while it waits
+    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.judge.jobs"])
     warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
@@ -158,7 +158,7 @@ class LocalExecutorOptions:
     warm_cuda: bool = True  # workers create their CUDA context before their first job
     # timed sections of jobs never overlap CPU-heavy ones (torch.compile of a baseline) of any
     # job on this machine, in any pool: a host-wide reader/writer lock in lock_dir (see
-    # cuda_agent.sandbox.hostlock)
+    # cuda_agent.sandbox.isolation.hostlock)
     quiet_timing: bool = True
 
 
@@ -238,7 +238,7 @@ class CpuExecutorOptions:
     timeout: float = 180.0
     recycle: str = "always"
     spares: int = 1  # warm workers waiting per CPU slot
-    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.jobs"])
+    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.judge.jobs"])
     warm_plugins: bool = True
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .jobs import Job, JobError, classify_exception, describe_exception, describe_exit, format_seconds
+from .job import Job, JobError, classify_exception, describe_exception, describe_exit, format_seconds
 
 RECYCLE_MODES = ("always", "on_error", "never")
 
@@ -93,7 +93,7 @@ class _Worker:
             "init": list(pool.init),
             "memory_limit_mb": pool.memory_limit_mb,
             # the init steps (CUDA context) hold the device's quiet lock: a spare never makes
-            # its context while a job times on the same GPU (cuda_agent.sandbox.hostlock)
+            # its context while a job times on the same GPU (cuda_agent.sandbox.isolation.hostlock)
             "device_quiet_lock": pool.device_lock_path(spec.label, "quiet"),
             "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
         }

@@ -35,7 +35,7 @@ def record(path: str, value, seconds: float = 0.0, device: str = "") -> dict:
 def quiet_section(kind: str, seconds: float, device: str = "") -> dict:
     """Hold the host's quiet lock (``timing`` or ``cpu_heavy``) for ``seconds``; returns
     when the section began and ended (``time.monotonic``, shared by all processes)."""
-    from cuda_agent.sandbox import hostlock
+    from cuda_agent.sandbox.isolation import hostlock
 
     with getattr(hostlock, kind)() as waited:
         start = time.monotonic()

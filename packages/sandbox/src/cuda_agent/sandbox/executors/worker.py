@@ -72,8 +72,8 @@ def _health(check: Callable[[], Any] | None) -> str | None:
 def _after_job(health: str | None) -> str | None:
     """The health reason after a job, also saying so when the job used its candidate process
     (:mod:`cuda_agent.sandbox.judge.client`) or gave up root rights
-    (:mod:`cuda_agent.sandbox.privdrop`): such a process never serves another job."""
-    for name in ("cuda_agent.sandbox.judge.client", "cuda_agent.sandbox.privdrop"):
+    (:mod:`cuda_agent.sandbox.isolation.privdrop`): such a process never serves another job."""
+    for name in ("cuda_agent.sandbox.judge.client", "cuda_agent.sandbox.isolation.privdrop"):
         mod = sys.modules.get(name)
         if mod is None:
             continue
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
     # marks this process as a job process: jobs that run candidate code may give up root
-    # rights for good here (cuda_agent.sandbox.privdrop), never in the caller's process
+    # rights for good here (cuda_agent.sandbox.isolation.privdrop), never in the caller's process
     os.environ["CUDA_AGENT_JOB_PROCESS"] = str(os.getpid())
     conn = Connection(int(cfg["fd"]))
     if cfg.get("parent"):
@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a job that needs it will report the failure itself
             print(f"worker: preloading {mod} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     device = cfg.get("device", "cpu")
-    if cfg.get("device_quiet_lock"):  # for the jobs' timed sections (cuda_agent.sandbox.hostlock)
+    if cfg.get("device_quiet_lock"):  # for the jobs' timed sections (cuda_agent.sandbox.isolation.hostlock)
         os.environ["CUDA_AGENT_DEVICE_QUIET_LOCK"] = cfg["device_quiet_lock"]
-    from cuda_agent.sandbox.hostlock import device_quiet, open_from_env
+    from cuda_agent.sandbox.isolation.hostlock import device_quiet, open_from_env
 
     open_from_env()  # now, before a job gives up root rights and gets a private /tmp
     # the init steps make the CUDA context: never while a timing runs on this GPU

@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass
 
 # the candidate switches off the harness's own integrity check first
-BLIND = "import cuda_agent.sandbox.integrity as _I\n_I.tampered = lambda *a, **k: []\n"
+BLIND = "import cuda_agent.sandbox.judge.integrity as _I\n_I.tampered = lambda *a, **k: []\n"
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ TIMER_PATCHES = (
         torch.cuda.Event.elapsed_time = lambda self, end: _real(self, end) / 8
     '''), what="torch.cuda.Event reports an eighth"),
     Attack("profiler_loop", "profile", BLIND + _dedent('''
-        from cuda_agent.sandbox.profilers import cuda_events as _e, wallclock as _w
+        from cuda_agent.sandbox.judge.profilers import cuda_events as _e, wallclock as _w
         for _cls in (_e.CudaEventsProfiler, _w.WallclockProfiler):
             def _fast(self, *a, _real=_cls.loop, **k):
                 s, i = _real(self, *a, **k)
@@ -94,7 +94,7 @@ FORGED_REPLIES = (
 
 VERDICT_ATTACKS = (
     Attack("compare_code_swap", "verify", BLIND + _dedent('''
-        import cuda_agent.sandbox.verify as _v
+        import cuda_agent.sandbox.judge.verify as _v
         def _always(*a, **k):
             return _v.Comparison(ok=True)
         _v.compare_outputs.__code__ = _always.__code__

@@ -51,7 +51,7 @@ class _State:
 
 
 def _error(exc: BaseException, files: tuple[str, ...] = ()) -> dict:
-    from ..verify import _short_exc
+    from .verify import _short_exc
 
     msg = str(exc)
     return {"type": type(exc).__name__, "message": _short_exc(exc, files=files),
@@ -75,7 +75,7 @@ def _export(st: _State, values: Any, allow_ipc: bool) -> tuple[Any, list[int]]:
 
 
 def do_drop(st: _State, msg: dict) -> dict:
-    from .. import privdrop
+    from ..isolation import privdrop
 
     uid = msg.get("uid")
     view, meta = privdrop.drop_privileges(msg["workspace"], bool(msg.get("enabled", True)),
@@ -99,10 +99,10 @@ def _die_with_parent() -> None:
 def do_load(st: _State, msg: dict) -> dict:
     import torch
 
-    from .. import integrity
-    from ..inputs import describe
-    from ..precision import apply_policy, policy_from
-    from ..verify import LoadFailure, build_candidate, build_models, load_candidate, load_reference
+    from . import integrity
+    from .inputs import describe
+    from .precision import apply_policy, policy_from
+    from .verify import LoadFailure, build_candidate, build_models, load_candidate, load_reference
 
     apply_policy(policy_from(msg.get("precision", "fp32-strict")))
     sys.path.insert(0, msg["workspace"])
@@ -132,7 +132,7 @@ def do_reseed(st: _State, msg: dict) -> dict:
     construction of KernelBench's protocol)."""
     import torch
 
-    from ..verify import LoadFailure, build_candidate, build_models
+    from .verify import LoadFailure, build_candidate, build_models
 
     if st.loaded is None:
         return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}
@@ -252,8 +252,8 @@ def _custom_outputs_poisoned(st: _State) -> Any:
 
 
 def _inputs(st: _State, seed: int, extra: str | None) -> list:
-    from ..inputs import draw_inputs
-    from ..verify import extra_draw_inputs
+    from .inputs import draw_inputs
+    from .verify import extra_draw_inputs
 
     values = draw_inputs(st.ref_mod.get_inputs, seed, st.device).values
     if extra:
@@ -264,9 +264,9 @@ def _inputs(st: _State, seed: int, extra: str | None) -> list:
 def do_run(st: _State, msg: dict) -> tuple[dict, list[int]]:
     import torch
 
-    from ..guard import ForbiddenOpError, GuardOptions, forward_guard
-    from ..inputs import nbytes
-    from ..verify import VerifyTimeout, deadline, fill_uninitialized, poison_allocator, synchronize
+    from .op_guard import ForbiddenOpError, GuardOptions, forward_guard
+    from .inputs import nbytes
+    from .verify import VerifyTimeout, deadline, fill_uninitialized, poison_allocator, synchronize
 
     if st.loaded is None:
         return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}, []
@@ -315,9 +315,9 @@ def do_run(st: _State, msg: dict) -> tuple[dict, list[int]]:
 def do_warm(st: _State, msg: dict) -> dict:
     import torch
 
-    from ..baselines import timing_threads
-    from ..profilers import get_profiler
-    from ..profilers.base import ProfilerError
+    from .baselines import timing_threads
+    from .profilers import get_profiler
+    from .profilers.base import ProfilerError
 
     if st.loaded is None:
         return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}
@@ -434,7 +434,7 @@ def do_outputs(st: _State, msg: dict) -> tuple[dict, list[int]]:
 
 
 def do_integrity(st: _State, msg: dict) -> dict:
-    from .. import integrity
+    from . import integrity
 
     return {"ok": True, "tampered": integrity.tampered(st.harness) if st.harness is not None else []}
 
@@ -482,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from .. import inputs, integrity, verify  # noqa: F401 - the harness, before any candidate code
-        from ..profilers import cuda_events, wallclock  # noqa: F401
+        from . import inputs, integrity, verify  # noqa: F401 - the harness, before any candidate code
+        from .profilers import cuda_events, wallclock  # noqa: F401
         from . import native, rotation, tensors  # noqa: F401
 
         native.timing()

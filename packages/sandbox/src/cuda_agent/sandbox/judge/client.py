@@ -104,7 +104,7 @@ class CandidateProcess:
         return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
     def _died(self) -> CandidateProcessError:
-        from ..executors.jobs import describe_exit
+        from ..executors.job import describe_exit
 
         try:
             self.proc.wait(timeout=5)
@@ -152,7 +152,7 @@ class CandidateProcess:
 
     def drop(self, workspace: str, enabled: bool = True, timeout: float = 60.0) -> dict:
         """Make the process the job's own user (when this process is root and the drop is on)."""
-        from .. import privdrop
+        from ..isolation import privdrop
 
         uid = None
         if enabled and os.geteuid() == 0 and sys.platform.startswith("linux") and not privdrop.switched_off():

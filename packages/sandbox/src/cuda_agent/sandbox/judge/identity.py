@@ -37,7 +37,7 @@ class JobIdentity:
     """A user id leased for one job (released by :meth:`release`, after :func:`sweep`)."""
 
     def __init__(self, base: int = JOB_UID_BASE, count: int = JOB_UID_COUNT):
-        from ..sandboxes.common import UidLease
+        from ..isolation.sandboxes.common import UidLease
 
         self._lease = UidLease(Path(f"job-{uuid.uuid4().hex}"), base, count, lock_dir())
         self.uid = self.gid = self._lease.uid
@@ -50,7 +50,7 @@ class JobIdentity:
 
 def processes_of(uid: int) -> list[int]:
     """Pids of the living processes of ``uid`` (see :func:`..sandboxes.common.processes_of_uid`)."""
-    from ..sandboxes.common import processes_of_uid
+    from ..isolation.sandboxes.common import processes_of_uid
 
     return processes_of_uid(uid)
 
@@ -58,7 +58,7 @@ def processes_of(uid: int) -> list[int]:
 def sweep(uid: int) -> int:
     """Kill every process of ``uid`` (as root) and check that none is left; returns how many
     there were. Raises when one survives."""
-    from ..sandboxes.common import is_root, sweep_uid
+    from ..isolation.sandboxes.common import is_root, sweep_uid
 
     if not is_root() or uid <= 0:
         return 0

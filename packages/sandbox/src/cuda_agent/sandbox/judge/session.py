@@ -106,7 +106,7 @@ class JudgeSession:
     def _tamper_refusal(self, tampered: list[str]) -> Refusal | None:
         if not tampered:
             return None
-        from .. import integrity
+        from . import integrity
 
         return Refusal(FailureCategory.FORBIDDEN_OP, integrity.message(tampered, self.cand_name), {"tampered": tampered})
 

@@ -168,7 +168,7 @@ class CandidateTimer:
     # -- the trusted side's own copies ---------------------------------------------------
 
     def pristine(self, s: int) -> list:
-        from ..inputs import draw_inputs
+        from .inputs import draw_inputs
 
         if s not in self._pristine:
             self._pristine[s] = draw_inputs(self.get_inputs, self.set_seeds[s], self.device).values
@@ -178,7 +178,7 @@ class CandidateTimer:
         k = len(self.set_seeds)
         x = rotation.inputs_at(self.pristine(j % k), rotation.factor(seed, j, k))
         out = self.ref_model(*x)
-        from ..verify import synchronize
+        from .verify import synchronize
 
         synchronize(self.device)
         return out
@@ -194,7 +194,7 @@ class CandidateTimer:
         while the loop ran)."""
         if not all(hasattr(profiler, a) for a in ("begin", "loop")):
             return
-        from .. import hostlock
+        from ..isolation import hostlock
 
         self._profiler = profiler
         ref_out = self.reference_at(0, 0)
@@ -209,7 +209,7 @@ class CandidateTimer:
 
     def time(self, profiler: Any, name: str, options: dict, graph: bool, max_spread: float, attempts: int,
              cpu_threads: int | None) -> tuple[Timing | None, Refusal | None]:
-        from .. import hostlock
+        from ..isolation import hostlock
 
         self.threads = cpu_threads
         warm_msg = {"op": "warm", "profiler": name, "options": options, "graph": graph,
@@ -368,8 +368,8 @@ class CandidateTimer:
         return None
 
     def _whole(self, profiler: Any) -> tuple[Timing | None, Refusal | None]:
-        from ..baselines import timing_from
-        from .. import hostlock
+        from .baselines import timing_from
+        from ..isolation import hostlock
 
         seed = secrets.randbits(62)
         with hostlock.timing():

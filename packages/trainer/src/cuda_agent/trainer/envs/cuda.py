@@ -24,9 +24,9 @@ class CudaOptions:
 
 def _sandbox_environment() -> Any:
     try:
-        from cuda_agent.sandbox import environment
+        from cuda_agent.sandbox.workspace import environment
     except ImportError as exc:
-        raise ConfigError("environment cuda needs cuda_agent.sandbox.environment.CudaEnvironment "
+        raise ConfigError("environment cuda needs cuda_agent.sandbox.workspace.environment.CudaEnvironment "
                           f"(install cuda-agent-sandbox): {exc}") from exc
     return environment
 

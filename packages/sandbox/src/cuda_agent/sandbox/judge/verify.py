@@ -62,7 +62,7 @@ from typing import Any, Iterator
 
 from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
 
-from .guard import GuardOptions, new_namespaces, registered_op_names
+from .op_guard import GuardOptions, new_namespaces, registered_op_names
 from .inputs import clone_inputs, describe, draw_inputs, nbytes, seed_everything, to_device
 from .precision import policy_from, precision_context
 
@@ -100,7 +100,7 @@ class VerifyOptions:
     drop_privileges: bool = True
 
     def __post_init__(self) -> None:
-        from .judge.rules import apply_profile
+        from .rules import apply_profile
 
         if isinstance(self.guard, dict):
             self.guard = GuardOptions(**self.guard)
@@ -601,7 +601,7 @@ def build_candidate(loaded: Loaded, cand_mod: Any, device: Any, seed: int, stric
     ``auto``. ``loaded.weights`` says which it was."""
     import torch
 
-    from .judge.rules import RULE_STATE_DICT, state_dict_mismatch
+    from .rules import RULE_STATE_DICT, state_dict_mismatch
 
     dev = torch.device(device)
     init = loaded.init_inputs
@@ -677,7 +677,7 @@ def verify_candidate(
     The candidate runs in a candidate process of its own (:mod:`.judge`); inputs are drawn,
     the reference is run and outputs are compared here. ``session``: a
     :class:`~.judge.session.JudgeSession` to use (and leave open) instead of a new one."""
-    from .judge.session import JudgeSession
+    from .session import JudgeSession
 
     opts = options or VerifyOptions()
     if isinstance(opts.guard, dict):
@@ -727,7 +727,7 @@ class Verification:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
     def result(self, ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
-        from .judge.rules import rule_of
+        from .rules import rule_of
 
         o = self.opts
         if not ok:
@@ -745,8 +745,8 @@ class Verification:
 
     def run(self) -> VerifyResult:
         from .checks import run_static_checks
-        from .judge.client import CandidateProcessError
-        from .judge.session import refusal_from_error
+        from .client import CandidateProcessError
+        from .session import refusal_from_error
 
         s, o = self.s, self.opts
         # 1. static checks, on the files as the job copied them
@@ -912,7 +912,7 @@ class Verification:
     def second_seed(self) -> VerifyResult | None:
         """Weights by seed (KernelBench's protocol): both models built once more after another
         seed and compared on one draw, so that a ModelNew holding one seed's values fails."""
-        from .judge.rules import RULE_SEEDED
+        from .rules import RULE_SEEDED
 
         if self.s.weights != "seeded":
             return None
@@ -936,7 +936,7 @@ class Verification:
     def decoy(self) -> VerifyResult | None:
         """Under the kernelbench profile: a custom kernel must run, and the output must change
         when the custom kernels' outputs are poisoned."""
-        from .judge.rules import RULE_CUSTOM, RULE_DECOY
+        from .rules import RULE_CUSTOM, RULE_DECOY
 
         if self.opts.rules != "kernelbench" or self.first_output is None:
             return None

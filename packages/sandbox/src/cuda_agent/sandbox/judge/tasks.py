@@ -1,5 +1,5 @@
 """Job functions the workspace service submits: thin adapters over the verification and
-profiling jobs of :mod:`cuda_agent.sandbox.jobs`.
+profiling jobs of :mod:`cuda_agent.sandbox.judge.jobs`.
 
 They take plain ``options`` mappings (from the config) and build the jobs module's option
 dataclasses inside the worker, so the service never imports torch and the pool stays generic.
@@ -44,14 +44,14 @@ def _options(module: Any, class_name: str, options: Any) -> Any:
 
 def verify(workspace: str, device: str, options: dict | None = None) -> Any:
     """Verify the workspace's candidate on ``device``; returns a VerifyResult."""
-    from cuda_agent.sandbox import jobs
+    from cuda_agent.sandbox.judge import jobs
 
     return jobs.verify_workspace(workspace, device, _options(jobs, "VerifyOptions", options))
 
 
 def profile(workspace: str, device: str, options: dict | None = None) -> Any:
     """Time the workspace's candidate (baselines from the cache); returns a ProfileResult."""
-    from cuda_agent.sandbox import jobs
+    from cuda_agent.sandbox.judge import jobs
 
     return jobs.profile_workspace(workspace, device, _options(jobs, "ProfileOptions", options))
 
@@ -62,7 +62,7 @@ def evaluate(workspace: str, device: str, verify_options: dict | None = None,
     load of the candidate instead of two. The baselines are measured first, before any
     candidate code is loaded (a candidate's process could otherwise load the GPU while they
     are timed). Returns (VerifyResult, ProfileResult or None)."""
-    from cuda_agent.sandbox import jobs
+    from cuda_agent.sandbox.judge import jobs
 
     popts = _options(jobs, "ProfileOptions", profile_options)
     vopts = _options(jobs, "VerifyOptions", verify_options)

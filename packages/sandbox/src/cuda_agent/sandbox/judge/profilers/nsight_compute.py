@@ -134,7 +134,7 @@ def analyze(workspace: str | Path, device: str = "cuda", candidate: str | None =
     if o.kernel_regex:
         argv += ["--kernel-name", f"regex:{o.kernel_regex}"]
     argv += list(o.extra_args)
-    argv += [sys.executable, "-m", "cuda_agent.sandbox.profilers.ncu_target", "--workspace", str(workspace),
+    argv += [sys.executable, "-m", "cuda_agent.sandbox.judge.profilers.ncu_target", "--workspace", str(workspace),
              "--device", str(device), "--seed", str(seed)]
     if candidate:
         argv += ["--candidate", str(candidate)]

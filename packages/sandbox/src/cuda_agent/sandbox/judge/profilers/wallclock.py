@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from ..judge import native
+from .. import native
 from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc
 
 

@@ -47,8 +47,8 @@ from cuda_agent.core.types import (
 
 from cuda_agent.core.safefs import Tree, UnsafePath
 
-from .executors.jobs import Job, JobError, format_seconds
-from .frozen import frozen_sources, name_workspace
+from ..executors.job import Job, JobError, format_seconds
+from ..compilers.frozen import frozen_sources, name_workspace
 from .workspace import agent_fingerprint, agent_refusals, append_record, snapshot_files
 
 SOCKET_NAME = "service.sock"
@@ -67,10 +67,10 @@ class ServiceOptions:
     compile_in: str = "worker"  # worker (a separate, killable process) | inline
     verify_timeout: float = 120.0  # per verification job
     profile_timeout: float = 300.0  # per profiling job
-    verify_job: str = "cuda_agent.sandbox.executors.tasks:verify"
-    profile_job: str = "cuda_agent.sandbox.executors.tasks:profile"
+    verify_job: str = "cuda_agent.sandbox.judge.tasks:verify"
+    profile_job: str = "cuda_agent.sandbox.judge.tasks:profile"
     # verify+profile as one job (one worker start instead of two; a hang then costs both
-    # timeouts), e.g. cuda_agent.sandbox.executors.tasks:evaluate; "" = two jobs, each with its own timeout
+    # timeouts), e.g. cuda_agent.sandbox.judge.tasks:evaluate; "" = two jobs, each with its own timeout
     evaluate_job: str = ""
     verify_options: dict = field(default_factory=dict)  # passed to the verification job (VerifyOptions fields)
     profile_options: dict = field(default_factory=dict)  # passed to the profiling job (ProfileOptions fields)
@@ -365,17 +365,17 @@ class WorkspaceService:
     def _check_job_options(self) -> None:
         """Unknown verify/profile options are a config error now, not a failed job later."""
         o = self.options
-        prefix = "cuda_agent.sandbox.executors.tasks:"
+        prefix = "cuda_agent.sandbox.judge.tasks:"
         checks = [("verify_options", o.verify_job, "VerifyOptions", o.verify_options),
                   ("profile_options", o.profile_job, "ProfileOptions", o.profile_options)]
         for key, job, cls_name, opts in checks:
             if not job.startswith(prefix) or not opts:
                 continue
             try:
-                from . import jobs
+                from ..judge import jobs
             except ImportError:
                 return
-            from .executors.tasks import build_options
+            from ..judge.tasks import build_options
 
             cls = getattr(jobs, cls_name, None)
             if cls is None or not dataclasses.is_dataclass(cls):
@@ -408,7 +408,7 @@ class WorkspaceService:
         return reward
 
     def _default_executor(self) -> Any:
-        from .executors.local import CpuExecutor, LocalExecutor
+        from ..executors.local import CpuExecutor, LocalExecutor
 
         if self.backend == "cpu":
             return CpuExecutor()
@@ -421,7 +421,7 @@ class WorkspaceService:
             if remote is not None:  # the pool builds elsewhere (CPU nodes of a cluster); not ours to close
                 self._compile_pool = remote
                 return remote
-            from .executors.pool import DeviceSpec, WorkerPool
+            from ..executors.pool import DeviceSpec, WorkerPool
 
             self._compile_pool = WorkerPool(
                 [DeviceSpec(label="compile", device="cpu")],
@@ -549,7 +549,7 @@ class WorkspaceService:
                 return self.compiler.build(src, build_dir)
             except CudaAgentError as exc:
                 return CompileResult(ok=False, errors=[exc.one_line()], seconds=time.monotonic() - t0)
-        job = Job("cuda_agent.sandbox.service:compile_job",
+        job = Job("cuda_agent.sandbox.workspace.service:compile_job",
                   {"compiler": self.compiler, "workspace": str(src), "build_dir": str(build_dir)},
                   kind="compile", timeout=self.options.compile_timeout, pass_device=False)
         try:

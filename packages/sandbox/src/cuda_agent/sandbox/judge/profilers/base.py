@@ -151,13 +151,13 @@ def continuous_steps(input_sets: list, prepare: Prepare | None) -> Prepare | Non
 
 def time_stably(profiler: Any, fn: Any, input_sets: list, device: Any = None, prepare: Prepare | None = None,
                 max_spread: float = 0.0, attempts: int = 1, steps: Prepare | None = None) -> Timing:
-    """``profiler.time`` inside the host's quiet lock (:mod:`cuda_agent.sandbox.hostlock`),
+    """``profiler.time`` inside the host's quiet lock (:mod:`cuda_agent.sandbox.isolation.hostlock`),
     measured again while the spread stays above ``max_spread`` (at most ``attempts``
     measurements in all). The steadiest measurement is kept: the one with the lowest spread,
     so that baselines and candidates, measured under the same rule, are compared by their
     undisturbed medians. ``steps``: a :func:`continuous_steps` wrapper of ``prepare`` to
     continue from (made here when not given)."""
-    from .. import hostlock
+    from ...isolation import hostlock
 
     if steps is None:
         steps = continuous_steps(input_sets, prepare)

@@ -333,7 +333,7 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
     (``info["timing_mode"]``; see :func:`.profilers.base.time_for_task`)."""
     import torch
 
-    from . import hostlock
+    from ..isolation import hostlock
     from .inputs import perturb_
     from .profilers.base import time_for_task
 
@@ -427,7 +427,7 @@ def stale_reason(rec: dict, profiler: Any, model: Any, input_sets: list, device:
     for its steadier mode. Costs a warm-up and a graph capture, no timing. None when a check
     could not run: the record is kept as it is, unstamped, and checked again on its next
     use."""
-    from . import hostlock
+    from ..isolation import hostlock
     from .profilers.base import profiler_for, reason_up_front
 
     if max_spread > 0 and noisy(rec, max_spread):

@@ -1,6 +1,6 @@
 """``CudaEnvironment``: the agent loop's environment for KernelBench-style tasks.
 
-It makes a workspace (:func:`cuda_agent.sandbox.workspace.create_workspace`), opens the
+It makes a workspace (:func:`cuda_agent.sandbox.workspace.workspace.create_workspace`), opens the
 configured sandbox for the agent's shell, starts the workspace service that the tool
 scripts (``python tools/compile.py | verify.py | profile.py``) talk to, and turns every
 verification/profiling request into a :class:`~cuda_agent.core.types.Candidate`. At the
@@ -94,7 +94,7 @@ class CudaEnvironment(FolderEnvironment):
     executor passed in is shared and not closed here. A compiler configured for the other
     backend is ignored (the backend's default compiler is used).
 
-    Attributes: ``ws`` (the :class:`~cuda_agent.sandbox.workspace.Workspace`), ``workspace``
+    Attributes: ``ws`` (the :class:`~cuda_agent.sandbox.workspace.workspace.Workspace`), ``workspace``
     (its root folder), ``service`` (the running WorkspaceService), ``backend``.
     """
 

@@ -40,7 +40,7 @@ from .baselines import (
     measure_baselines_record,
     timing_threads,
 )
-from .guard import GuardOptions
+from .op_guard import GuardOptions
 from .inputs import describe, draw_inputs, nbytes
 from .precision import TF32, policy_from, precision_context
 from .verify import (
@@ -124,7 +124,7 @@ def open_session(workspace: str, device: str, candidate: str = "model_new.py", r
                  drop_privileges: bool = True) -> Any:
     """A :class:`~.judge.session.JudgeSession` for one job that both verifies and profiles
     (one candidate process, one load of the candidate); close it when done."""
-    from .judge.session import JudgeSession
+    from .session import JudgeSession
 
     ws = Path(workspace)
     cand, ref = Path(candidate), Path(reference)
@@ -209,7 +209,7 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
     the candidate runs and is timed in its own process (:mod:`.judge`), and what it reports is
     checked by :class:`~.judge.timing.CandidateTimer`. ``session``: a
     :class:`~.judge.session.JudgeSession` to use (and leave open)."""
-    from .judge.session import JudgeSession
+    from .session import JudgeSession
 
     ws = Path(workspace)
     cand_path = Path(candidate or o.candidate)
@@ -232,9 +232,9 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
              baselines: dict | None) -> ProfileResult:
     import torch
 
-    from .judge.client import CandidateProcessError
-    from .judge.session import refusal_from_error
-    from .judge.timing import CandidateTimer
+    from .client import CandidateProcessError
+    from .session import refusal_from_error
+    from .timing import CandidateTimer
     from .profilers import get_profiler
     from .profilers.base import profiler_for
 
@@ -409,7 +409,7 @@ def prepare_baselines(workspace: str, device: str, options: ProfileOptions | dic
 
 
 def _category(exc: BaseException) -> FailureCategory:
-    from .guard import ForbiddenOpError
+    from .op_guard import ForbiddenOpError
 
     if isinstance(exc, ForbiddenOpError):
         return FailureCategory.FORBIDDEN_OP

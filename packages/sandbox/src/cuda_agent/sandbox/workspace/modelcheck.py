@@ -7,8 +7,8 @@ one-line :class:`~cuda_agent.core.errors.TaskError` naming the step, the error a
 of ``model.py`` it came from (an import that fails says so; it is not "missing Model").
 
 This is running task code, so it never runs in the caller's process: a child process
-(``python -m cuda_agent.sandbox.modelcheck``) imports torch, then gives up its rights the
-way executor jobs do (:func:`cuda_agent.sandbox.privdrop.drop_privileges`: an unprivileged
+(``python -m cuda_agent.sandbox.workspace.modelcheck``) imports torch, then gives up its rights the
+way executor jobs do (:func:`cuda_agent.sandbox.isolation.privdrop.drop_privileges`: an unprivileged
 user, no network, a private temporary folder) before it reads ``model.py``, from a copy in a
 folder of its own. The child reports through a pipe, as one JSON object.
 """
@@ -53,7 +53,7 @@ def check_model(model_path: str | Path, device: str = "cpu", timeout: float = TI
         os.chmod(folder, 0o755)  # the child's user reads the copy, and nothing else of ours
         shutil.copyfile(model_path, folder / "model.py")
         os.chmod(folder / "model.py", 0o644)
-        cmd = [sys.executable, "-m", "cuda_agent.sandbox.modelcheck", str(folder), device, str(write)]
+        cmd = [sys.executable, "-m", "cuda_agent.sandbox.workspace.modelcheck", str(folder), device, str(write)]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     pass_fds=(write,), start_new_session=True)
@@ -162,7 +162,7 @@ def run_steps(folder: str, device: str) -> dict:
 
 
 def _child(folder: str, device: str, fd: int) -> None:
-    from . import privdrop
+    from ..isolation import privdrop
 
     os.environ[privdrop.WORKER_ENV] = str(os.getpid())  # this process exists only to run the task's code
     import torch  # noqa: F401 - imported with our rights, before they are given up

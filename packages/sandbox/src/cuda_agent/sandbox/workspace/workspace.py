@@ -320,7 +320,7 @@ class Workspace:
 
     def _agent_owner(self) -> tuple[int, int] | None:
         """The sandbox user the workspace's layout gave the agent's files (None: none)."""
-        from .privdrop import workspace_user
+        from ..isolation.privdrop import workspace_user
 
         with contextlib.suppress(Exception):
             return workspace_user(self.root)

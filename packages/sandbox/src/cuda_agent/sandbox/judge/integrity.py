@@ -26,12 +26,12 @@ RULE = "rule no-tampering: candidate code may not replace functions of torch, Py
 MODULES = (
     "time", "statistics", "math", "gc", "builtins", "contextlib",
     "torch", "torch.cuda", "torch.nn.functional", "torch.profiler", "torch.autograd.profiler",
-    "cuda_agent.sandbox.verify", "cuda_agent.sandbox.jobs", "cuda_agent.sandbox.inputs",
-    "cuda_agent.sandbox.baselines", "cuda_agent.sandbox.precision", "cuda_agent.sandbox.guard",
-    "cuda_agent.sandbox.privdrop", "cuda_agent.core.types",
-    "cuda_agent.sandbox.profilers", "cuda_agent.sandbox.profilers.base",
-    "cuda_agent.sandbox.profilers.cuda_events", "cuda_agent.sandbox.profilers.torch_profiler",
-    "cuda_agent.sandbox.profilers.wallclock",
+    "cuda_agent.sandbox.judge.verify", "cuda_agent.sandbox.judge.jobs", "cuda_agent.sandbox.judge.inputs",
+    "cuda_agent.sandbox.judge.baselines", "cuda_agent.sandbox.judge.precision", "cuda_agent.sandbox.judge.op_guard",
+    "cuda_agent.sandbox.isolation.privdrop", "cuda_agent.core.types",
+    "cuda_agent.sandbox.judge.profilers", "cuda_agent.sandbox.judge.profilers.base",
+    "cuda_agent.sandbox.judge.profilers.cuda_events", "cuda_agent.sandbox.judge.profilers.torch_profiler",
+    "cuda_agent.sandbox.judge.profilers.wallclock",
 )
 # classes (by module and name) whose methods the harness calls; the classes defined in the
 # cuda_agent modules above (profilers above all) are guarded too

@@ -217,7 +217,7 @@ class ToolRun:
 def run_tool(argv: Sequence[str], cwd: Path, limits: ToolLimits | None = None,
              env: dict | None = None, slots: JobSlots | None = None) -> ToolRun:
     """Run a compiler/linker in its own process group under resource limits."""
-    from .sandboxes.limits import rlimit_preexec
+    from ..isolation.sandboxes.limits import rlimit_preexec
 
     limits = limits or ToolLimits()
     preexec = rlimit_preexec(cpu_s=limits.cpu_s, memory_mb=limits.memory_mb,

@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 from cuda_agent.core.types import Timing
 
-from ..judge import native
+from .. import native
 from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc, settled, window_calls
 
 

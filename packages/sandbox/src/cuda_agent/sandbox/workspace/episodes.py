@@ -2,7 +2,7 @@
 
 :class:`EpisodeFactory` holds the tasks (given, or read from a dataset plugin), one
 executor shared by every episode (the GPU or CPU job pool) and the reward spec; ``open``
-makes a fresh :class:`~cuda_agent.sandbox.environment.CudaEnvironment` workspace for a
+makes a fresh :class:`~cuda_agent.sandbox.workspace.environment.CudaEnvironment` workspace for a
 task and returns an :class:`Episode`: the environment with its
 :class:`~cuda_agent.core.agent.EpisodeStepper`, whose workspace is removed on close.
 """

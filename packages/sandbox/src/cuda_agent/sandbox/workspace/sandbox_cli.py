@@ -1,4 +1,4 @@
-"""``cuda-agent sandbox ...`` commands."""
+"""``cuda-agent sandbox ...`` commands: the docker image, the build cache, the isolation probes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def register_sandbox_commands(cli: click.Group) -> None:
     @click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
     def build_image_cmd(rootfs, tag, mirror, force):
         """Build the docker sandbox image locally (debootstrap + docker import; never pulled)."""
-        from .image import DEFAULT_IMAGE, build_image
+        from ..isolation.sandboxes.image import DEFAULT_IMAGE, build_image
 
         build_image(tag or DEFAULT_IMAGE, rootfs=rootfs, mirror=mirror, force=force, log=click.echo)
 
@@ -30,7 +30,7 @@ def register_sandbox_commands(cli: click.Group) -> None:
     @click.option("--cache-dir", default=None, help="Build cache (default: $CUDA_AGENT_BUILD_CACHE or ~/.cache/cuda-agent/build).")
     def prune_cache_cmd(max_gb, cache_dir):
         """Delete the least recently used build objects and libraries beyond --max-gb."""
-        from ..buildcache import BuildCache
+        from ..compilers.buildcache import BuildCache
 
         cache = BuildCache(cache_dir)
         with cache.lock("prune"):
@@ -47,9 +47,9 @@ def register_sandbox_commands(cli: click.Group) -> None:
 
         from cuda_agent.core.types import Task
 
-        from ..workspace import create_workspace
-        from .docker import DockerSandbox
-        from .local import LocalSandbox
+        from ..isolation.sandboxes.docker import DockerSandbox
+        from ..isolation.sandboxes.local import LocalSandbox
+        from .workspace import create_workspace
 
         import os
 

@@ -1,0 +1,34 @@
+"""The agent's side: its workspace and everything that serves it.
+
+* :mod:`.workspace` -- the workspace folder (template, read-only files, snapshots, history);
+* :mod:`.service` -- the service the tool scripts talk to over a Unix socket (compile, verify,
+  profile) and the text the agent reads back;
+* :mod:`.environment` -- ``CudaEnvironment``, the agent loop's environment for CUDA tasks;
+* :mod:`.episodes` -- episodes for trainers outside cuda-agent (TRL, OpenEnv, verl adapters);
+* :mod:`.optimize` -- ``cuda-agent optimize`` and ``cuda-agent demo``;
+* :mod:`.modelcheck` -- a task's ``model.py`` run once, without rights, before an episode;
+* :mod:`.runtime_loader` -- copied into every workspace as ``cuda_agent_runtime.py``.
+
+May import: ``cuda_agent.core`` and every other system of the sandbox package (the top).
+Concrete plugins (compilers, sandboxes, executors, rewards) are reached through the plugin
+manager by the names a config gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUBMODULES = ("workspace", "service", "environment", "episodes", "optimize", "modelcheck", "runtime_loader")
+
+
+def __getattr__(name: str) -> Any:
+    """``from cuda_agent.sandbox.workspace import Workspace`` as before the package had
+    subpackages: the public names of :mod:`.workspace` are this package's too."""
+    if name.startswith("_") or name in SUBMODULES:
+        raise AttributeError(name)
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(".workspace", __name__), name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
