@@ -9,10 +9,8 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   when the flush has finished, so a sample is the time from the GPU being free for the
   call to the end of its last kernel. Host-side launch overhead and Python work count
   whenever they keep the GPU waiting (the torch profiler's summed kernel time hides them).
-  Measured on an H200 over the KernelBench level-1 references, this mode reproduced
-  across processes as well as the profiler method (median difference 0.04%), while
-  synchronising the device around every call (``sync_each=True``) added host wake-up
-  jitter (median 0.25%, 57 of 71 problems within 1%).
+  Synchronising around every call (``sync_each=True``) adds host wake-up jitter
+  (measurements: ``docs/timing.md``).
 * Work on every stream counts: first a few calls are synchronised one by one and their
   host time (just after the start event to the return of a device-wide synchronize) is
   compared with the event time. If it exceeds the event time by more than the
@@ -22,11 +20,9 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
 * Warm-up runs until ``warmup_ms`` of calls and ``warmup_iters`` calls have passed (clocks
   up, caches and lazy initialisation done), and then, for at most ``settle_ms`` more, until
   the per-call times level off (:func:`settled`: two windows of ``warmup_ms / 2`` agree
-  within ``settle_tol``). Memory-bound kernels that keep an H200 at its power limit run at
-  full clock at first and slower once the clock falls (KernelBench's 29_Softplus: 3.10 ms
-  per call for the first dozen timed calls, a median of 3.3 ms over 60, the SM clock at
-  1770 MHz instead of 1980 afterwards); timed in that transition, the median depended on
-  where the window fell. ``Timing.warmup_ms`` says how long the warm-up took.
+  within ``settle_tol``): kernels that hold a GPU at its power limit are fast at first and
+  slower once the clock falls, and a median taken in that transition depends on where the
+  window falls (``docs/timing.md``). ``Timing.warmup_ms`` says how long the warm-up took.
 * The number of timed calls is chosen so that they add up to ``target_ms`` (between
   ``min_iters`` and ``max_iters``). The result is the median, with the interquartile range
   over the median as spread.
