@@ -108,8 +108,7 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
     record is used as it is and checked again next time, never stamped as valid."""
     import json
 
-    from cuda_agent.sandbox.judge import baselines
-    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record, staleness
 
     cache = BaselineCache(tmp_path / "cache")
     _, _, rec = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), cache)
@@ -117,7 +116,7 @@ def test_an_older_record_whose_check_cannot_run_is_kept_unstamped(tmp_path, monk
     stored = json.loads(path.read_text())
     del stored["timing_rule"]
     path.write_text(json.dumps(stored))
-    monkeypatch.setattr(baselines, "stale_reason", lambda *a, **k: None)
+    monkeypatch.setattr(staleness, "stale_reason", lambda *a, **k: None)
     fresh = BaselineCache(tmp_path / "cache")
     _, _, kept = measure_baselines_record(RELU_TASK, "cpu", opts(tmp_path), fresh)
     assert kept["cached"] and fresh.measured == 0
