@@ -2,7 +2,7 @@
 """Eager against torch.compile on the CPU backend, under different thread counts.
 
 The CPU backend's baselines are timed under one explicit thread count (``cpu_threads``,
-default 1; see ``cuda_agent/sandbox/judge/baselines.py``). This script shows why on a many-core
+default 1; see ``cuda_agent/sandbox/judge/baselines/cpu_threads.py``). This script shows why on a many-core
 host: for a few small element-wise models it times eager and compiled with the wall-clock
 profiler (the same code as the baselines: ``measure_model``) at torch's default thread count
 and at one thread, idle and with ``--busy N`` processes spinning beside it (another job, a
