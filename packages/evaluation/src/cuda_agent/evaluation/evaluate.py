@@ -14,7 +14,8 @@ from cuda_agent.core.plugins import get_plugin_manager
 from cuda_agent.core.types import Task
 
 from .metrics import TaskResult, is_infra_error, scored
-from .report import _md_table, MAIN_HEADER, _main_rows, build_report, collect_environment, sample_summary, write_reports
+from .report import (build_report, collect_environment, main_table, markdown_table, sample_summary,
+                     write_reports)
 from .runner import RESULTS_FILE, ResultStore, run_tasks
 from .samples import SampleResult
 from .scoring import AgentScorer, ScoringOptions, SolutionScorer, select_tasks
@@ -265,7 +266,7 @@ def _finish(run: Any, results: list[TaskResult], info: dict, environment: dict, 
     flat.update({f"pass_at_{k}": v for k, v in (o.get("pass_at_k") or {}).items() if v is not None})
     run.pm.hook.on_step_end(run=run, step=0, metrics={f"eval/{k}": v for k, v in flat.items()})
     run.log.info("eval.done", **{k: flat.get(k) for k in ("n", "n_correct", "pass_rate", "faster_compile", "geomean_vs_compile")})
-    summary = _md_table(MAIN_HEADER, _main_rows(report, info.get("label") or "this run"))
+    summary = markdown_table(main_table(report))
     if o.get("n_samples", 0) > o.get("tasks_with_samples", 0):  # several samples of a task: say how they did
         summary += "\n\n" + sample_summary(report)
     infra = [r for r in results if is_infra_error(r)]
