@@ -154,7 +154,9 @@ def test_old_module_names_are_not_used_in_the_repository():
     hits = []
     for group in ("packages", "plugins", "scripts", "docs", "tests"):
         for path in (REPO / group).rglob("*"):
-            if path.suffix not in (".py", ".md", ".yaml", ".toml") or path == Path(__file__) or "_built" in path.parts:
+            if path.suffix not in (".py", ".md", ".yaml", ".toml") or path == Path(__file__):
+                continue
+            if {"_built", "build", "__pycache__"} & set(path.parts) or any(p.endswith(".egg-info") for p in path.parts):
                 continue
             if path == SANDBOX / "__init__.py":
                 continue

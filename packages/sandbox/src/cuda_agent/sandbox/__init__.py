@@ -83,4 +83,4 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 if not any(isinstance(f, _OldNames) for f in sys.meta_path):
-    sys.meta_path.append(_OldNames())
+    sys.meta_path.insert(0, _OldNames())  # before the path finder, which would load a second copy
