@@ -244,7 +244,7 @@ def test_long_workspace_path(tmp_path, executor):
         assert sock.is_socket() and not sock.is_symlink()  # the real socket, visible through any mount
         r = tool(ws, "compile")
         assert r.returncode == 0, r.stdout
-        from cuda_agent.sandbox.workspace.service import connect
+        from cuda_agent.sandbox.workspace.unix_server import connect
 
         connect(sock).close()
 

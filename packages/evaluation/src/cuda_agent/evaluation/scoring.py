@@ -36,7 +36,7 @@ VERIFY_JOB = "cuda_agent.sandbox.judge.tasks:verify"
 PROFILE_JOB = "cuda_agent.sandbox.judge.tasks:profile"
 EVALUATE_JOB = "cuda_agent.sandbox.judge.tasks:evaluate"  # verify, then profile, in one worker
 BASELINE_JOB = "cuda_agent.evaluation.jobs:baselines"
-BUILD_JOB = "cuda_agent.sandbox.workspace.service:compile_job"  # a build sent to the executor's build_executor()
+BUILD_JOB = "cuda_agent.sandbox.workspace.service_jobs:compile_job"  # a build sent to the executor's build_executor()
 
 
 # --- task selection ------------------------------------------------------------------

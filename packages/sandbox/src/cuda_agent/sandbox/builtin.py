@@ -19,7 +19,7 @@ def register_executors(register):
 def register_config_fragments(register):
     from cuda_agent.core.configcheck import schema_defaults
 
-    from .workspace.service import ServiceOptions
+    from .workspace.service_options import ServiceOptions
 
     register("sandbox.executor", Path(__file__).parent / "configs" / "executor.yaml")
     register("sandbox.service", {"service": schema_defaults(ServiceOptions)})
@@ -29,7 +29,7 @@ def register_config_fragments(register):
 @hookimpl
 def register_config_schemas(register):
     from .workspace.environment import EnvironmentOptions
-    from .workspace.service import ServiceOptions
+    from .workspace.service_options import ServiceOptions
 
     register("service", ServiceOptions)
     register("environment", EnvironmentOptions)

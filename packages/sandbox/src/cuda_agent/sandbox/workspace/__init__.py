@@ -1,8 +1,10 @@
 """The agent's side: its workspace and everything that serves it.
 
 * :mod:`.workspace` -- the workspace folder (template, read-only files, snapshots, history);
-* :mod:`.service` -- the service the tool scripts talk to over a Unix socket (compile, verify,
-  profile) and the text the agent reads back;
+* :mod:`.service` -- the service the tool scripts talk to (compile, verify, profile): what
+  each request does; its options in :mod:`.service_options`, its steps as jobs in
+  :mod:`.service_jobs`, its socket in :mod:`.unix_server`, the text the agent reads back in
+  :mod:`.agent_text`;
 * :mod:`.environment` -- ``CudaEnvironment``, the agent loop's environment for CUDA tasks;
 * :mod:`.episodes` -- episodes for trainers outside cuda-agent (TRL, OpenEnv, verl adapters);
 * :mod:`.optimize` -- ``cuda-agent optimize`` and ``cuda-agent demo``;
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SUBMODULES = ("workspace", "service", "environment", "episodes", "optimize", "modelcheck", "runtime_loader")
+SUBMODULES = ("workspace", "service", "service_options", "service_jobs", "unix_server", "agent_text",
+              "environment", "episodes", "optimize", "modelcheck", "runtime_loader")
 
 
 def __getattr__(name: str) -> Any:
