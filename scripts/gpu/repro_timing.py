@@ -164,7 +164,7 @@ def worker(args) -> int:
     from cuda_agent.sandbox.judge.profilers.base import profiler_for, time_for_task, time_stably
     from cuda_agent.sandbox.judge.precision import precision_context
     from cuda_agent.sandbox.judge.profilers import CudaEventsProfiler, TorchProfilerProfiler
-    from cuda_agent.sandbox.judge.verify import load_module
+    from cuda_agent.sandbox.judge.loading import load_module
 
     dev = torch.device("cuda", 0)
     torch.cuda.init()

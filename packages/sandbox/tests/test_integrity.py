@@ -59,8 +59,8 @@ def test_replaced_timer_is_refused(executor, ws):
 def test_replaced_comparison_cannot_pass_a_wrong_result(executor, ws):
     # a wrong kernel (returns the input) that makes the harness's comparison always agree
     code = hooked_relu_new(at_import=(
-        "import cuda_agent.sandbox.judge.verify as _v\n"
-        "_v.compare_outputs = lambda *a, **k: _v.Comparison(ok=True)"), ret="x")
+        "import cuda_agent.sandbox.judge.comparison as _c\n"
+        "_c.compare_outputs = lambda *a, **k: _c.Comparison(ok=True)"), ret="x")
     v = job(executor, ws, "verify", code)  # the static checks refuse importing the harness
     assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP and "static.guard-tampering" in v.message, v.message
     # without them the comparison in the candidate's process is not the one that judges it:

@@ -16,7 +16,7 @@ from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.judge.op_guard import ForbiddenOpError, GuardOptions, forward_guard  # noqa: E402
 from cuda_agent.sandbox.judge.inputs import draw_inputs  # noqa: E402
 from cuda_agent.sandbox.judge.jobs import VerifyOptions, verify_file, verify_workspace  # noqa: E402
-from cuda_agent.sandbox.judge.verify import compare_outputs  # noqa: E402
+from cuda_agent.sandbox.judge.comparison import compare_outputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import LINEAR_NEW, LINEAR_TASK, make_workspace, relu_new  # noqa: E402

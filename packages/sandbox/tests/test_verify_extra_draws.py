@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from cuda_agent.core.errors import ConfigError  # noqa: E402
 from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.judge.jobs import VerifyOptions, verify_workspace  # noqa: E402
-from cuda_agent.sandbox.judge.verify import all_finite, extra_draw_inputs, nudged  # noqa: E402
+from cuda_agent.sandbox.judge.draws import all_finite, extra_draw_inputs, nudged  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_verify_support import make_workspace  # noqa: E402

@@ -11,11 +11,13 @@ and are copied before they are read. Timing runs in compiled code (:mod:`.native
 trusted side checks what comes back against its own wall clock and against checksums of
 timed calls it recomputes (:mod:`.timing`, :mod:`.rotation`).
 
-Around the two processes: :mod:`.verify` (the verdict's steps), :mod:`.jobs` and
-:mod:`.tasks` (the job functions executors run), :mod:`.baselines` (eager and torch.compile
-times, cached), :mod:`.profilers` (profiler plugins), :mod:`.checks` (static checks on the
-sources), :mod:`.op_guard` (torch operators refused while ``ModelNew.forward`` runs),
-:mod:`.integrity`, :mod:`.inputs`, :mod:`.precision` and :mod:`.rules` (rule profiles).
+Around the two processes: :mod:`.verify` (the verdict's steps, with :mod:`.options`,
+:mod:`.loading`, :mod:`.comparison`, :mod:`.draws`, :mod:`.poisoning` and
+:mod:`.watchdog`), :mod:`.jobs` and :mod:`.tasks` (the job functions executors run),
+:mod:`.baselines` (eager and torch.compile times, cached), :mod:`.profilers` (profiler
+plugins), :mod:`.checks` (static checks on the sources), :mod:`.op_guard` (torch operators
+refused while ``ModelNew.forward`` runs), :mod:`.integrity`, :mod:`.inputs`,
+:mod:`.precision` and :mod:`.rules` (rule profiles).
 
 May import: ``cuda_agent.core``, :mod:`..executors` (job errors), :mod:`..compilers` and
 :mod:`..isolation`; never :mod:`..workspace`.

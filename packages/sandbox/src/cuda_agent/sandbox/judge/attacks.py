@@ -94,11 +94,11 @@ FORGED_REPLIES = (
 
 VERDICT_ATTACKS = (
     Attack("compare_code_swap", "verify", BLIND + _dedent('''
-        import cuda_agent.sandbox.judge.verify as _v
+        import cuda_agent.sandbox.judge.comparison as _c
         def _always(*a, **k):
-            return _v.Comparison(ok=True)
-        _v.compare_outputs.__code__ = _always.__code__
-        _v.compare_tensors.__code__ = _always.__code__
+            return _c.Comparison(ok=True)
+        _c.compare_outputs.__code__ = _always.__code__
+        _c.compare_tensors.__code__ = _always.__code__
     '''), ret="x", what="a wrong kernel (returns its input) rewrites the comparison in place"),
     Attack("steal_reference", "verify", BLIND + _dedent('''
         import gc

@@ -51,10 +51,10 @@ class _State:
 
 
 def _error(exc: BaseException, files: tuple[str, ...] = ()) -> dict:
-    from .verify import _short_exc
+    from .loading import short_exc
 
     msg = str(exc)
-    return {"type": type(exc).__name__, "message": _short_exc(exc, files=files),
+    return {"type": type(exc).__name__, "message": short_exc(exc, files=files),
             "cuda": "CUDA error" in msg or "illegal memory access" in msg or "cudaError" in msg}
 
 
@@ -102,7 +102,7 @@ def do_load(st: _State, msg: dict) -> dict:
     from . import integrity
     from .inputs import describe
     from .precision import apply_policy, policy_from
-    from .verify import LoadFailure, build_candidate, build_models, load_candidate, load_reference
+    from .loading import LoadFailure, build_candidate, build_models, load_candidate, load_reference
 
     apply_policy(policy_from(msg.get("precision", "fp32-strict")))
     sys.path.insert(0, msg["workspace"])
@@ -132,7 +132,7 @@ def do_reseed(st: _State, msg: dict) -> dict:
     construction of KernelBench's protocol)."""
     import torch
 
-    from .verify import LoadFailure, build_candidate, build_models
+    from .loading import LoadFailure, build_candidate, build_models
 
     if st.loaded is None:
         return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}
@@ -253,7 +253,7 @@ def _custom_outputs_poisoned(st: _State) -> Any:
 
 def _inputs(st: _State, seed: int, extra: str | None) -> list:
     from .inputs import draw_inputs
-    from .verify import extra_draw_inputs
+    from .draws import extra_draw_inputs
 
     values = draw_inputs(st.ref_mod.get_inputs, seed, st.device).values
     if extra:
@@ -266,7 +266,8 @@ def do_run(st: _State, msg: dict) -> tuple[dict, list[int]]:
 
     from .op_guard import ForbiddenOpError, GuardOptions, forward_guard
     from .inputs import nbytes
-    from .verify import VerifyTimeout, deadline, fill_uninitialized, poison_allocator, synchronize
+    from .poisoning import fill_uninitialized, poison_allocator
+    from .watchdog import VerifyTimeout, deadline, synchronize
 
     if st.loaded is None:
         return {"ok": False, "error": {"type": "RuntimeError", "message": "no candidate loaded"}}, []
@@ -482,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from . import inputs, integrity, verify  # noqa: F401 - the harness, before any candidate code
+        # the harness, before any candidate code (so that the integrity snapshot covers it)
+        from . import comparison, draws, inputs, integrity, loading, options, poisoning, verify, watchdog  # noqa: F401
         from .profilers import cuda_events, wallclock  # noqa: F401
         from . import native, rotation, tensors  # noqa: F401
 

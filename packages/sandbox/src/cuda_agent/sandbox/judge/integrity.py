@@ -26,7 +26,9 @@ RULE = "rule no-tampering: candidate code may not replace functions of torch, Py
 MODULES = (
     "time", "statistics", "math", "gc", "builtins", "contextlib",
     "torch", "torch.cuda", "torch.nn.functional", "torch.profiler", "torch.autograd.profiler",
-    "cuda_agent.sandbox.judge.verify", "cuda_agent.sandbox.judge.jobs", "cuda_agent.sandbox.judge.inputs",
+    "cuda_agent.sandbox.judge.verify", "cuda_agent.sandbox.judge.loading", "cuda_agent.sandbox.judge.comparison",
+    "cuda_agent.sandbox.judge.draws", "cuda_agent.sandbox.judge.poisoning", "cuda_agent.sandbox.judge.watchdog",
+    "cuda_agent.sandbox.judge.options", "cuda_agent.sandbox.judge.jobs", "cuda_agent.sandbox.judge.inputs",
     "cuda_agent.sandbox.judge.baselines", "cuda_agent.sandbox.judge.baselines.cache",
     "cuda_agent.sandbox.judge.baselines.staleness", "cuda_agent.sandbox.judge.baselines.reference",
     "cuda_agent.sandbox.judge.baselines.cpu_threads", "cuda_agent.sandbox.judge.baselines.compiled",

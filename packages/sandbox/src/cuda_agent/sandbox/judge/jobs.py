@@ -43,18 +43,11 @@ from .baselines import (
 from .op_guard import GuardOptions
 from .inputs import describe, draw_inputs, nbytes
 from .precision import TF32, policy_from, precision_context
-from .verify import (
-    LoadFailure,
-    VerifyOptions,
-    _device_info,
-    _short_exc,
-    build_models,
-    compare_outputs,
-    fresh_seed,
-    load_reference,
-    verify_candidate,
-    workspace_imports,
-)
+from .comparison import compare_outputs
+from .draws import fresh_seed
+from .loading import LoadFailure, build_models, load_reference, short_exc, workspace_imports
+from .options import VerifyOptions
+from .verify import device_info, verify_candidate
 
 __all__ = [
     "GuardOptions",
@@ -245,7 +238,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
     timing_name = "cuda_events" if prof_name == "nsight_compute" else prof_name
     seed = o.seed if o.seed is not None else fresh_seed()
     meta: dict[str, Any] = {"precision_policy": policy.key, "profiler": prof_name, "seed": seed}
-    meta.update(_device_info(device))
+    meta.update(device_info(device))
     eager = comp = None
 
     def fail(category: FailureCategory, message: str, **kw) -> ProfileResult:
@@ -283,7 +276,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 eager, comp, bmeta = _baselines(model_code, device, o, loaded.ref_model, loaded.init_inputs)
                 meta.update(bmeta)
             except Exception as exc:
-                return fail(FailureCategory.CRASH, f"baseline measurement failed: {_short_exc(exc)}")
+                return fail(FailureCategory.CRASH, f"baseline measurement failed: {short_exc(exc)}")
         timer = CandidateTimer(session, loaded.ref_model, ref_mod.get_inputs, device, o.atol, o.rtol)
         with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
             meta["precision_flags"] = flags
@@ -294,7 +287,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
                 del first
             except Exception as exc:
-                return fail(FailureCategory.CRASH, f"get_inputs() failed: {_short_exc(exc)}")
+                return fail(FailureCategory.CRASH, f"get_inputs() failed: {short_exc(exc)}")
             timer.set_seeds = [seed + 7 * (i + 1) for i in range(k)]
             meta["inputs"] = describe(timer.pristine(0))
             meta["input_sets"] = k
@@ -404,7 +397,7 @@ def prepare_baselines(workspace: str, device: str, options: ProfileOptions | dic
         with workspace_imports(workspace), torch.no_grad():
             eager, comp, meta = _baselines(ref_path.read_text(), device, o)
     except Exception as exc:
-        return {"error": _short_exc(exc)}
+        return {"error": short_exc(exc)}
     return {"eager": eager, "compile": comp, "meta": meta}
 
 

@@ -178,7 +178,7 @@ class CandidateTimer:
         k = len(self.set_seeds)
         x = rotation.inputs_at(self.pristine(j % k), rotation.factor(seed, j, k))
         out = self.ref_model(*x)
-        from .verify import synchronize
+        from .watchdog import synchronize
 
         synchronize(self.device)
         return out

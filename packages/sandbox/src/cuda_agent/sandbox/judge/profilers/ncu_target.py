@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ..inputs import draw_inputs
-    from ..verify import build_models, load_candidate, load_reference, synchronize, workspace_imports
+    from ..loading import build_models, load_candidate, load_reference, workspace_imports
+    from ..watchdog import synchronize
 
     ws = Path(a.workspace)
     cand = Path(a.candidate) if Path(a.candidate).is_absolute() else ws / a.candidate

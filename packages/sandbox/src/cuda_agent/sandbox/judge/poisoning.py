@@ -1,0 +1,73 @@
+"""Poisoned memory: uninitialised output shows up as NaN instead of an earlier result.
+
+The harness cannot hand the candidate pre-filled output buffers, so uninitialised memory is
+made visible instead, two ways, while the candidate runs in its process:
+
+* :func:`fill_uninitialized`: torch's deterministic fill
+  (``torch.utils.deterministic.fill_uninitialized_memory`` with deterministic algorithms in
+  warn-only mode): every tensor made by ``empty``/``empty_like``/``empty_strided``/
+  ``new_empty`` -- from Python or from C++ (``torch::empty``) -- starts as NaN (floating
+  types) or the largest integer, so an output element the kernel never writes shows up;
+* :func:`poison_allocator`: on CUDA, before each candidate run the caching allocator is
+  emptied and a large block (at least four times the inputs plus reference outputs, at most
+  half the free memory) plus a set of small blocks are allocated, filled with 0xFF bytes
+  (NaN in every float format) and freed, so memory the allocator hands out later -- also to
+  code that bypasses the fill -- holds NaN rather than an earlier result.
+
+Memory obtained outside torch (a raw ``cudaMalloc`` in the kernel code) is not covered, but
+such memory cannot be returned as a torch output without going through torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def fill_uninitialized() -> Iterator[None]:
+    """NaN-fill every tensor torch creates uninitialised (see the module docstring)."""
+    import warnings
+
+    import torch
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    det = getattr(torch.utils, "deterministic", None)
+    was_fill = getattr(det, "fill_uninitialized_memory", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        if det is not None:
+            det.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+            if det is not None and was_fill is not None:
+                det.fill_uninitialized_memory = was_fill
+
+
+def poison_allocator(device: Any, nbytes_hint: int = 0) -> int:
+    """Fill the CUDA caching allocator's free memory with 0xFF bytes; returns bytes poisoned."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(dev)
+    size = max(4 * nbytes_hint, 256 << 20)
+    size = int(min(size, free // 2))
+    blocks = []
+    if size > 0:
+        blocks.append(torch.empty(size, dtype=torch.uint8, device=dev))
+    # the small-block pool (allocations up to 1 MiB live in 2 MiB segments)
+    blocks.extend(torch.empty(512 << 10, dtype=torch.uint8, device=dev) for _ in range(32))
+    for b in blocks:
+        b.fill_(0xFF)
+    torch.cuda.synchronize(dev)
+    total = sum(b.numel() for b in blocks)
+    del blocks
+    return total
