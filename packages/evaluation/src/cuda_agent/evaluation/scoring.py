@@ -35,7 +35,6 @@ from .solutions import KERNELBENCH, Solution, install_solution
 VERIFY_JOB = "cuda_agent.sandbox.judge.tasks:verify"
 PROFILE_JOB = "cuda_agent.sandbox.judge.tasks:profile"
 EVALUATE_JOB = "cuda_agent.sandbox.judge.tasks:evaluate"  # verify, then profile, in one worker
-BASELINE_JOB = "cuda_agent.evaluation.jobs:baselines"
 BUILD_JOB = "cuda_agent.sandbox.workspace.service_jobs:compile_job"  # a build sent to the executor's build_executor()
 
 
