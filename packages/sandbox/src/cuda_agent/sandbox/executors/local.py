@@ -21,7 +21,8 @@ from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.interfaces import Executor
 
 from .job import Job, JobError
-from .pool import RECYCLE_MODES, DeviceSpec, WorkerPool
+from .pool import RECYCLE_MODES, WorkerPool
+from .worker_process import DeviceSpec
 
 PRESTART = "cuda_agent.sandbox.judge.client:prestart"
 
