@@ -71,7 +71,7 @@ FORGED_REPLIES = (
     Attack("forged_reply", "profile", BLIND + _dedent('''
         import sys
         _C = sys.modules["__main__"]  # the candidate process's own command table
-        _real = _C.do_loop
+        _real = _C._COMMANDS["loop"]
         def _forged(st, msg):
             r = _real(st, msg)
             r["samples"] = [x / 8 for x in r["samples"]]
@@ -81,7 +81,7 @@ FORGED_REPLIES = (
     Attack("skipped_calls", "profile", BLIND + _dedent('''
         import sys
         _C = sys.modules["__main__"]
-        _real = _C.do_loop
+        _real = _C._COMMANDS["loop"]
         def _lazy(st, msg):
             n = msg["n"]
             r = _real(st, {**msg, "n": 1})

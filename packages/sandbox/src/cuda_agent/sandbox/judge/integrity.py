@@ -38,6 +38,8 @@ MODULES = (
     "cuda_agent.sandbox.judge.profilers", "cuda_agent.sandbox.judge.profilers.base",
     "cuda_agent.sandbox.judge.profilers.cuda_events", "cuda_agent.sandbox.judge.profilers.torch_profiler",
     "cuda_agent.sandbox.judge.profilers.wallclock",
+    "cuda_agent.sandbox.judge.candidate_state", "cuda_agent.sandbox.judge.candidate_load",
+    "cuda_agent.sandbox.judge.candidate_run", "cuda_agent.sandbox.judge.candidate_timing",
 )
 # classes (by module and name) whose methods the harness calls; the classes defined in the
 # cuda_agent modules above (profilers above all) are guarded too

@@ -1,0 +1,100 @@
+"""The candidate process's commands before anything is timed: ``drop`` (become the job's
+own user), ``load`` (the reference and the candidate, both models built after the same seed,
+the harness snapshot taken first), ``reseed`` (both models built again after another seed)
+and ``integrity`` (what the candidate replaced of the harness since the snapshot).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+import sys
+import types
+from typing import Any
+
+from ..isolation import privdrop
+from . import integrity
+from .candidate_state import CandidateState, die_with_parent, refused
+from .inputs import describe
+from .loading import LoadFailure, build_candidate, build_models, load_candidate, load_reference
+from .precision import apply_policy, policy_from
+
+
+def do_drop(st: CandidateState, msg: dict) -> dict:
+    uid = msg.get("uid")
+    view, meta = privdrop.drop_privileges(msg["workspace"], bool(msg.get("enabled", True)),
+                                          uid=int(uid) if uid is not None else None)
+    die_with_parent()  # a change of user clears the parent-death signal
+    st.meta.update(meta)
+    st.meta["view"] = str(view)
+    return {"ok": True, "meta": meta, "view": str(view)}
+
+
+def do_load(st: CandidateState, msg: dict) -> dict:
+    import torch
+
+    apply_policy(policy_from(msg.get("precision", "fp32-strict")))
+    sys.path.insert(0, msg["workspace"])
+    st.harness = integrity.snapshot()
+    seed, cand = int(msg["seed"]), msg["candidate"]
+    name = os.path.basename(cand)
+    st.cand_name, st.strict = name, bool(msg.get("strict_state_dict", True))
+    try:
+        with torch.no_grad():
+            st.ref_mod = load_reference(msg["reference"])
+            loaded = build_models(st.ref_mod, None, st.device, seed, True, name)
+            before = set(sys.modules)
+            cand_mod, st.namespaces = load_candidate(cand)
+            st.extensions = loaded_extensions(before, cand_mod)
+            build_candidate(loaded, cand_mod, st.device, seed, st.strict, name, weights=msg.get("weights", "state_dict"))
+    except LoadFailure as exc:
+        return {"ok": False, "category": exc.category.value, "message": exc.message,
+                "tampered": integrity.tampered(st.harness)}
+    loaded.ref_model = None  # only its weights were needed here
+    st.loaded = loaded
+    return {"ok": True, "namespaces": sorted(st.namespaces), "init_inputs": describe(loaded.init_inputs),
+            "weights": loaded.weights, "tampered": integrity.tampered(st.harness)}
+
+
+def do_reseed(st: CandidateState, msg: dict) -> dict:
+    """Both models built again after another seed, weights by that seed alone (the second
+    construction of KernelBench's protocol)."""
+    import torch
+
+    if st.loaded is None:
+        return refused("no candidate loaded")
+    try:
+        with torch.no_grad():
+            loaded = build_models(st.ref_mod, None, st.device, int(msg["seed"]), True, st.cand_name)
+            build_candidate(loaded, st.loaded.candidate, st.device, int(msg["seed"]), st.strict, st.cand_name,
+                            weights="seeded")
+    except LoadFailure as exc:
+        return {"ok": False, "category": exc.category.value, "message": exc.message}
+    loaded.ref_model = None
+    st.loaded = loaded
+    return {"ok": True}
+
+
+def do_integrity(st: CandidateState, msg: dict) -> dict:
+    return {"ok": True, "tampered": integrity.tampered(st.harness) if st.harness is not None else []}
+
+
+def loaded_extensions(before: set, cand_mod: Any) -> list:
+    """The compiled modules and kernel libraries the candidate's import loaded: extension
+    modules, ctypes libraries it holds, the workspace runtime's kernel libraries."""
+
+    def compiled(obj: Any) -> bool:
+        if isinstance(obj, types.ModuleType):
+            return str(getattr(obj, "__file__", "") or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        return isinstance(obj, ctypes.CDLL) or hasattr(obj, "_functions")
+
+    found: list = []
+    for obj in [sys.modules.get(n) for n in set(sys.modules) - before] + list(vars(cand_mod).values()):
+        if compiled(obj) and not any(obj is f for f in found):
+            found.append(obj)
+    runtime = sys.modules.get("cuda_agent_runtime")
+    for v in (getattr(runtime, "_loaded", {}) or {}).values():
+        if not any(v is f for f in found):
+            found.append(v)
+    return found
