@@ -37,7 +37,7 @@ class JobIdentity:
     """A user id leased for one job (released by :meth:`release`, after :func:`sweep`)."""
 
     def __init__(self, base: int = JOB_UID_BASE, count: int = JOB_UID_COUNT):
-        from ..isolation.sandboxes.common import UidLease
+        from ..isolation.sandboxes.uids import UidLease
 
         self._lease = UidLease(Path(f"job-{uuid.uuid4().hex}"), base, count, lock_dir())
         self.uid = self.gid = self._lease.uid
@@ -49,8 +49,8 @@ class JobIdentity:
 
 
 def processes_of(uid: int) -> list[int]:
-    """Pids of the living processes of ``uid`` (see :func:`..sandboxes.common.processes_of_uid`)."""
-    from ..isolation.sandboxes.common import processes_of_uid
+    """Pids of the living processes of ``uid`` (see :func:`..isolation.sandboxes.sweeps.processes_of_uid`)."""
+    from ..isolation.sandboxes.sweeps import processes_of_uid
 
     return processes_of_uid(uid)
 
@@ -58,7 +58,8 @@ def processes_of(uid: int) -> list[int]:
 def sweep(uid: int) -> int:
     """Kill every process of ``uid`` (as root) and check that none is left; returns how many
     there were. Raises when one survives."""
-    from ..isolation.sandboxes.common import is_root, sweep_uid
+    from ..isolation.sandboxes.layout import is_root
+    from ..isolation.sandboxes.sweeps import sweep_uid
 
     if not is_root() or uid <= 0:
         return 0

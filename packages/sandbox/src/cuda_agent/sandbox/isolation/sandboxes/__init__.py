@@ -1,6 +1,6 @@
 """Sandbox plugins: ``local`` (default) and ``docker``."""
 
-from .common import CommandResult, SandboxError
+from .results import CommandResult, SandboxError
 from .docker import DockerSandbox
 from .local import LocalSandbox
 

@@ -33,7 +33,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import STATE_DIR, SandboxError, is_root
+from .layout import STATE_DIR, is_root
+from .results import SandboxError
 
 KINDS = ("auto", "loop", "tmpfs", "none")
 STAGE_SUFFIX = ".disk"  # <parent>/.<name>.disk: the image, the mount point used while setting up

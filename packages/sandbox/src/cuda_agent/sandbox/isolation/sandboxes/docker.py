@@ -30,9 +30,13 @@ from pathlib import Path
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
 from . import diskfs
-from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
-                     is_root, limit_messages, release_uid, TrackedProcesses)
+from .disk_watchdog import DiskWatchdog
 from .image import DEFAULT_IMAGE, docker_client, image_exists
+from .layout import apply_layout, is_root
+from .output import collect
+from .results import CommandResult, SandboxError, limit_messages
+from .tracking import TrackedProcesses
+from .uids import UidLease, acquire_uid, release_uid
 
 MOUNT = "/workspace"
 PIDS = "/tmp/.cuda-agent-pids"

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import SandboxError
+from .results import SandboxError
 
 IMAGE_REPO = "cuda-agent-sandbox"
 IMAGE_TAG = "bookworm-2"  # bump when the recipe changes

@@ -13,7 +13,7 @@ What holds where (Linux):
   namespaces (``unshare``); killing a command kills every member of its PID namespace
   (whatever session, group or parent-death signal they chose), and the last session of a
   workspace kills and checks that no process of its user id is left
-  (:func:`.common.sweep_uid`). No network (only a down loopback), private size-limited
+  (:func:`.sweeps.sweep_uid`). No network (only a down loopback), private size-limited
   tmpfs on /tmp, /var/tmp and /dev/shm; /home, /root, /mnt, /media, /srv, the workspace's
   parent folder and closed folders on the way to the workspace and the Python
   installation shown empty, except for those two paths (system folders such as /usr and
@@ -43,9 +43,13 @@ from pathlib import Path
 from cuda_agent.core.interfaces import Sandbox, SandboxSession
 
 from . import diskfs
-from .common import (CommandResult, DiskWatchdog, SandboxError, UidLease, acquire_uid, apply_layout, collect,
-                     is_root, kill_namespace, limit_messages, pid_namespace, release_uid, sweep_uid,
-                     TrackedProcesses, uid_users)
+from .disk_watchdog import DiskWatchdog
+from .layout import apply_layout, is_root
+from .output import collect
+from .results import CommandResult, SandboxError, limit_messages
+from .sweeps import kill_namespace, pid_namespace, sweep_uid
+from .tracking import TrackedProcesses
+from .uids import UidLease, acquire_uid, release_uid, uid_users
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 MB = 1024 * 1024
