@@ -1,7 +1,7 @@
 """Candidate code may not change the harness it is judged by (defence in depth).
 
 Verdicts do not depend on this module: inputs, the reference and every comparison live in
-the trusted process (:mod:`.judge`), and timing runs in compiled code. It adds refusals in
+the trusted process (:mod:`cuda_agent.sandbox.judge`), and timing runs in compiled code. It adds refusals in
 the candidate process, where ``model_new.py`` could replace a timer, a torch function or a
 harness function at import time or inside ``forward``. :func:`snapshot` records, before
 candidate code is imported, every callable of the modules and classes the harness relies

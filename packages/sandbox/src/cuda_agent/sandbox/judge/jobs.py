@@ -13,7 +13,7 @@
 
 The process that calls these is the trusted side of the job: it reads ``model.py``, measures
 and caches the baselines, draws the inputs, runs the reference and compares. The candidate
-runs only in a candidate process of its own, as the job's own user (:mod:`.judge`;
+runs only in a candidate process of its own, as the job's own user (:mod:`cuda_agent.sandbox.judge`;
 ``drop_privileges`` in the options), which a job that both verifies and profiles shares
 (:func:`open_session`).
 

@@ -190,7 +190,7 @@ class WorkspaceService:
             return c if agent_fingerprint(self.root) == before else _changed_compile()
 
     def _compile(self) -> CompileResult:
-        """Build a private copy of the sources (see :mod:`.frozen`) into the workspace's
+        """Build a private copy of the sources (see :mod:`..compilers.frozen`) into the workspace's
         build folder."""
         with frozen_sources(self.root) as src:
             return name_workspace(self.jobs.build(src, self.state_dir / "build"), src, self.root)
