@@ -199,7 +199,7 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
                       reference: str | Path | None = None, baselines: dict | None = None,
                       session: Any = None) -> ProfileResult:
     """Time the candidate against its baselines. The baselines and every check run here;
-    the candidate runs and is timed in its own process (:mod:`.judge`), and what it reports is
+    the candidate runs and is timed in its own process (:mod:`cuda_agent.sandbox.judge`), and what it reports is
     checked by :class:`~.judge.timing.CandidateTimer`. ``session``: a
     :class:`~.judge.session.JudgeSession` to use (and leave open)."""
     from .session import JudgeSession
