@@ -216,3 +216,24 @@ def test_an_honest_candidate_still_passes_every_check(executor, ws, honest_ms):
     assert JOB_UID_BASE <= v.metadata["uid"] < JOB_UID_BASE + JOB_UID_COUNT
     p = job(executor, ws, "profile", relu_new())
     assert p.ok and p.metadata["spot_check"] == "passed" and p.metadata["checksums_checked"], p.message
+
+
+def test_the_harness_is_imported_before_the_candidate(executor, ws):
+    """No harness module is first imported after candidate code ran (it would be outside the
+    integrity snapshot, and unreadable where the job's view hides the checkout)."""
+    for kind in ("verify", "profile"):
+        r = job(executor, ws, kind, relu_new())
+        assert r.ok, r.message
+        assert "harness_late_imports" not in r.metadata, r.metadata["harness_late_imports"]
+
+
+def test_a_late_harness_import_is_reported():
+    from cuda_agent.sandbox.judge import integrity, rules  # noqa: F401 - loaded, as in a candidate process
+    from cuda_agent.sandbox.judge.candidate_load import do_integrity
+    from cuda_agent.sandbox.judge.candidate_state import CandidateState
+
+    st = CandidateState()
+    st.harness = integrity.snapshot()
+    st.harness_modules = integrity.harness_modules() - {"cuda_agent.sandbox.judge.rules"}
+    reply = do_integrity(st, {})
+    assert reply["tampered"] == [] and reply["late"] == ["cuda_agent.sandbox.judge.rules"]

@@ -281,3 +281,16 @@ def test_scratch_roots_are_never_bound_back(tmp_path, monkeypatch):
     exposed = [p for p, _writable in _expose_paths(tmp_path / "ws")]
     assert not {"/", "/tmp", "/var", "/var/tmp"} & set(exposed), exposed
     assert str(tmp_path) in exposed
+
+
+def test_the_harness_folders_are_in_the_jobs_view(tmp_path):
+    """Every folder our packages import from is bound into a job's mount namespace, also
+    where an editable install maps it by a finder (a checkout under /tmp, hidden otherwise)."""
+    import cuda_agent
+
+    from cuda_agent.sandbox.isolation import privdrop
+
+    exposed = {p for p, _rw in privdrop._expose_paths(tmp_path)}
+    portions = [os.path.abspath(p) for p in cuda_agent.__path__]
+    assert portions and all(p in exposed for p in portions), (portions, sorted(exposed))
+    assert all(not rw for p, rw in privdrop._expose_paths(tmp_path) if p in portions)  # read-only

@@ -130,11 +130,27 @@ def _expose_paths(ws: Path) -> list[tuple[str, bool]]:
     # never a scratch root or one of its ancestors (a worker started from /tmp has it on
     # sys.path): binding it back read-only would hide the private scratch space
     roots = {"/", "/tmp", "/var", "/var/tmp"}
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, exe_prefix, *sys.path):
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, exe_prefix, *sys.path, *harness_folders()):
         p = os.path.abspath(p) if p else ""
         if p and p not in roots and p not in seen and os.path.isdir(p):
             seen.add(p)
             out.append((p, False))
+    return out
+
+
+def harness_folders() -> list[str]:
+    """The folders our own packages import from: every portion of the ``cuda_agent``
+    namespace package and the folders of loaded ``cuda_agent_*`` plugins. An editable install
+    maps them by a finder, not by ``sys.path``, so a checkout under ``/tmp`` would otherwise be
+    hidden by the job's private ``/tmp`` and the harness's later imports would fail."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if name != "cuda_agent" and not (name.startswith("cuda_agent_") and "." not in name):
+            continue
+        paths = list(getattr(mod, "__path__", None) or [])
+        if not paths and getattr(mod, "__file__", None):
+            paths = [os.path.dirname(mod.__file__)]
+        out.extend(str(p) for p in paths)
     return out
 
 

@@ -78,6 +78,30 @@ def serve(sock: socket.socket, st: CandidateState) -> int:
         wire.send(sock, reply, out_fds)
 
 
+def import_harness() -> None:
+    """Every module of the judge package and the rest the handlers import inside functions,
+    before candidate code runs: a module first imported later would be missing from the
+    integrity snapshot, and could be unreadable once the process has given up its rights."""
+    import importlib
+    import pkgutil
+
+    from .. import judge
+
+    for info in pkgutil.walk_packages(judge.__path__, judge.__name__ + "."):
+        if not info.name.endswith((".candidate", ".attacks")):
+            importlib.import_module(info.name)
+    for name in ("cuda_agent.sandbox.isolation.hostlock", "cuda_agent.sandbox.isolation.privdrop",
+                 "cuda_agent.sandbox.executors.job", "cuda_agent.core.errors", "cuda_agent.core.plugins",
+                 "cuda_agent.core.types"):
+        importlib.import_module(name)
+    try:  # the plugins a profiler lookup loads, which import modules of every package
+        from cuda_agent.core.plugins import get_plugin_manager
+
+        get_plugin_manager().all_components()
+    except Exception:  # noqa: BLE001 - no plugins here: the built-in profilers are used
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     import json
 
@@ -95,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         # the harness, before any candidate code (so that the integrity snapshot covers it):
         # the command handlers and what they import, then the rest the trusted side relies on
         _COMMANDS.update(commands())
+        import_harness()
         from . import comparison, draws, inputs, integrity, loading, options, poisoning, verify, watchdog  # noqa: F401
         from .profilers import cuda_events, wallclock  # noqa: F401
         from . import native, rotation, tensors  # noqa: F401

@@ -37,6 +37,7 @@ def do_load(st: CandidateState, msg: dict) -> dict:
     apply_policy(policy_from(msg.get("precision", "fp32-strict")))
     sys.path.insert(0, msg["workspace"])
     st.harness = integrity.snapshot()
+    st.harness_modules = integrity.harness_modules()
     seed, cand = int(msg["seed"]), msg["candidate"]
     name = os.path.basename(cand)
     st.cand_name, st.strict = name, bool(msg.get("strict_state_dict", True))
@@ -77,7 +78,12 @@ def do_reseed(st: CandidateState, msg: dict) -> dict:
 
 
 def do_integrity(st: CandidateState, msg: dict) -> dict:
-    return {"ok": True, "tampered": integrity.tampered(st.harness) if st.harness is not None else []}
+    """What was replaced since the snapshot, and the harness modules first imported after it
+    (``late``: a gap in the process's pre-imports, which the snapshot did not cover)."""
+    if st.harness is None:
+        return {"ok": True, "tampered": [], "late": []}
+    return {"ok": True, "tampered": integrity.tampered(st.harness),
+            "late": sorted(integrity.harness_modules() - st.harness_modules)}
 
 
 def loaded_extensions(before: set, cand_mod: Any) -> list:

@@ -25,6 +25,7 @@ class CandidateState:
         self.ref_mod: Any = None
         self.namespaces: set = set()
         self.harness: dict | None = None
+        self.harness_modules: set[str] = set()  # loaded when the snapshot was taken
         self.exporter: Any = None
         self.timing: dict = {}
         self.meta: dict = {}

@@ -55,6 +55,11 @@ def _modules() -> list[str]:
     return list(dict.fromkeys([*MODULES, *loaded]))
 
 
+def harness_modules() -> set[str]:
+    """The names of the harness's modules loaded in this process."""
+    return {n for n, m in list(sys.modules.items()) if m is not None and (n == "cuda_agent" or n.startswith("cuda_agent."))}
+
+
 def _targets() -> list[tuple[str, dict]]:
     out = []
     for name in _modules():

@@ -98,7 +98,10 @@ class JudgeSession:
                 cat = FailureCategory.CRASH
             if cat in (FailureCategory.NONE, FailureCategory.INFRA_ERROR, FailureCategory.MISSING):
                 cat = FailureCategory.CRASH
-            return self._tamper_refusal(tampered) or Refusal(cat, _msg(reply.get("message")) or "loading failed")
+            err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            why = _msg(reply.get("message")) or _msg(err.get("message"))
+            return self._tamper_refusal(tampered) or Refusal(
+                cat, (why if reply.get("message") else f"loading failed: {why}") if why else "loading failed")
         self.loaded = True
         del proc
         return self._tamper_refusal(tampered)
@@ -112,6 +115,9 @@ class JudgeSession:
 
     def integrity(self) -> Refusal | None:
         reply = self._request({"op": "integrity"})
+        late = _names(reply.get("late"))
+        if late:  # the harness's own gap, not the candidate's doing: kept where a test can see it
+            self.meta["harness_late_imports"] = late[:20]
         return self._tamper_refusal(_names(reply.get("tampered")))
 
     def _request(self, msg: dict, timeout: float | None = None) -> dict:
