@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -234,18 +233,9 @@ class WorkerProcess:
         return self.proc.poll() is None
 
     def kill(self, keep_log: bool = False) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        from ..isolation.sandboxes.sweeps import reap
+
+        reap(self.proc, group=True)  # the worker leads its own process group
         self._close_handles(keep_log)
 
     def remove_log(self) -> None:

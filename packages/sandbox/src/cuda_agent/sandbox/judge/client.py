@@ -172,14 +172,9 @@ class CandidateProcess:
     # -- the end ----------------------------------------------------------------------
 
     def kill(self) -> None:
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
+        from ..isolation.sandboxes.sweeps import reap
+
+        reap(self.proc)
 
     def close(self) -> dict:
         """End the process and every process of the job's user; what the end found."""

@@ -117,28 +117,24 @@ def open_session(workspace: str, device: str, candidate: str = "model_new.py", r
                  drop_privileges: bool = True) -> Any:
     """A :class:`~.judge.session.JudgeSession` for one job that both verifies and profiles
     (one candidate process, one load of the candidate); close it when done."""
-    from .session import JudgeSession
+    from .session import JudgeSession, job_files
 
-    ws = Path(workspace)
-    cand, ref = Path(candidate), Path(reference)
-    return JudgeSession(ws, cand if cand.is_absolute() else ws / cand, ref if ref.is_absolute() else ws / ref,
-                        device, drop=drop_privileges)
+    return JudgeSession(*job_files(workspace, candidate, reference), device, drop=drop_privileges)
+
+
+def _as(cls: type, options: Any) -> Any:
+    """``options`` as a ``cls`` (the defaults for None, built from a mapping)."""
+    if options is None:
+        return cls()
+    return cls(**options) if isinstance(options, dict) else options
 
 
 def _verify_opts(options: Any) -> VerifyOptions:
-    if options is None:
-        return VerifyOptions()
-    if isinstance(options, dict):
-        return VerifyOptions(**options)
-    return options
+    return _as(VerifyOptions, options)
 
 
 def _profile_opts(options: Any) -> ProfileOptions:
-    if options is None:
-        return ProfileOptions()
-    if isinstance(options, dict):
-        return ProfileOptions(**options)
-    return options
+    return _as(ProfileOptions, options)
 
 
 def measure_baselines(model_code: str, device: str = "cuda", options: Any = None) -> tuple:
@@ -202,13 +198,9 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
     the candidate runs and is timed in its own process (:mod:`cuda_agent.sandbox.judge`), and what it reports is
     checked by :class:`~.judge.timing.CandidateTimer`. ``session``: a
     :class:`~.judge.session.JudgeSession` to use (and leave open)."""
-    from .session import JudgeSession
+    from .session import JudgeSession, job_files
 
-    ws = Path(workspace)
-    cand_path = Path(candidate or o.candidate)
-    cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
-    ref_path = Path(reference or o.reference)
-    ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
+    ws, cand_path, ref_path = job_files(workspace, candidate or o.candidate, reference or o.reference)
     own = session is None
     if own:
         session = JudgeSession(ws, cand_path, ref_path, device, drop=o.drop_privileges)
@@ -389,8 +381,9 @@ def prepare_baselines(workspace: str, device: str, options: ProfileOptions | dic
     o = _profile_opts(options)
     if not o.baselines:
         return None
-    ref_path = Path(o.reference)
-    ref_path = ref_path if ref_path.is_absolute() else Path(workspace) / ref_path
+    from .session import job_files
+
+    _ws, _cand, ref_path = job_files(workspace, o.candidate, o.reference)
     if not ref_path.is_file():
         return None
     try:

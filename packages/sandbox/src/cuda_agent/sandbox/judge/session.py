@@ -33,6 +33,13 @@ class Refusal:
     extra: dict = field(default_factory=dict)
 
 
+def job_files(workspace: str | Path, candidate: str | Path, reference: str | Path) -> tuple[Path, Path, Path]:
+    """The workspace and the two judged files, relative names taken inside the workspace."""
+    ws = Path(workspace)
+    cand, ref = Path(candidate), Path(reference)
+    return ws, cand if cand.is_absolute() else ws / cand, ref if ref.is_absolute() else ws / ref
+
+
 class JudgeSession:
     def __init__(self, workspace: str | Path, candidate: str | Path, reference: str | Path, device: str,
                  drop: bool = True, timeout: float | None = None):

@@ -84,19 +84,15 @@ def verify_candidate(
     The candidate runs in a candidate process of its own (:mod:`.candidate`); inputs are
     drawn, the reference is run and outputs are compared here. ``session``: a
     :class:`~.session.JudgeSession` to use (and leave open) instead of a new one."""
-    from .session import JudgeSession
+    from .session import JudgeSession, job_files
 
     opts = options or VerifyOptions()
     if isinstance(opts.guard, dict):
         opts.guard = GuardOptions(**opts.guard)
-    ws = Path(workspace)
-    cand_path = Path(candidate or opts.candidate)
-    cand_path = cand_path if cand_path.is_absolute() else ws / cand_path
-    ref_path = Path(reference or opts.reference)
-    ref_path = ref_path if ref_path.is_absolute() else ws / ref_path
     own = session is None
     if own:
-        session = JudgeSession(ws, cand_path, ref_path, device, drop=opts.drop_privileges)
+        session = JudgeSession(*job_files(workspace, candidate or opts.candidate, reference or opts.reference), device,
+                               drop=opts.drop_privileges)
     res = None
     try:
         res = Verification(session, device, opts).run()

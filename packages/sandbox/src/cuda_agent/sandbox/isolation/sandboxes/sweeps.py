@@ -18,6 +18,17 @@ from typing import Callable
 from .layout import is_root
 
 
+def reap(proc: subprocess.Popen, group: bool = False, timeout: float = 10.0) -> None:
+    """Kill ``proc`` (with ``group``, its whole process group first) and wait for it."""
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+
+
 def _status(pid: str) -> dict[str, str]:
     out = {}
     with open(f"/proc/{pid}/status") as f:

@@ -70,6 +70,22 @@ class StaticCheck(CorrectnessCheck):
                         yield f"{label} (C++ string)", node.lineno, node.value
 
 
+class PythonRule(StaticCheck):
+    """A rule on the candidate's Python source: :meth:`findings` of its syntax tree, with the
+    names in it resolved (a file that does not parse is the import's compile error, not a finding)."""
+
+    def check(self, workspace: Path, candidate=None) -> list[str]:
+        label, tree, _ = self.python_tree(Path(workspace), candidate)
+        if tree is None:
+            return []
+        from .names import Resolver
+
+        return self.findings(label, tree, Resolver(tree))
+
+    def findings(self, label: str, tree: ast.AST, names) -> list[str]:
+        raise NotImplementedError
+
+
 def strip_cxx(text: str) -> str:
     """Remove comments and string/char literals, keeping line breaks (line numbers stay right)."""
     out = []

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .base import StaticCheck
+from .base import PythonRule
 from .names import OWN, Resolver, dotted, literal_text
 
 REFERENCE_MODULES = frozenset({"model"})  # the task's model.py
@@ -14,17 +13,13 @@ DYNAMIC_CODE = frozenset({"exec", "eval", "compile", "__import__", "execfile"})
 DYNAMIC_MODULES = frozenset({"importlib", "runpy", "imp", "pkgutil", "zipimport"})
 
 
-class ReferenceModelCheck(StaticCheck):
+class ReferenceModelCheck(PythonRule):
     name = "no_reference_model"
     rule = "static.reference-model"
     why = "ModelNew must compute the result itself, not through the reference Model"
     description = "Refuses imports of model.py, uses of Model, and dynamic imports/exec in the candidate."
 
-    def check(self, workspace: Path, candidate=None) -> list[str]:
-        label, tree, _ = self.python_tree(Path(workspace), candidate)
-        if tree is None:
-            return []
-        names = Resolver(tree)
+    def findings(self, label: str, tree: ast.AST, names: Resolver) -> list[str]:
         out = []
         for node in ast.walk(tree):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
@@ -92,7 +87,7 @@ def _assigned(nodes: list) -> set[str]:
     return out
 
 
-class FallbackCheck(StaticCheck):
+class FallbackCheck(PythonRule):
     name = "no_fallback"
     rule = "static.fallback"
     why = "a failing custom path must fail verification, not fall back to another implementation"
@@ -100,11 +95,7 @@ class FallbackCheck(StaticCheck):
                    "with torch or the reference, or sets again what the try block set); handlers that re-raise, "
                    "log, or build/load the kernels pass. contextlib.suppress is refused.")
 
-    def check(self, workspace: Path, candidate=None) -> list[str]:
-        label, tree, _ = self.python_tree(Path(workspace), candidate)
-        if tree is None:
-            return []
-        names = Resolver(tree)
+    def findings(self, label: str, tree: ast.AST, names: Resolver) -> list[str]:
         out = []
         try_types = tuple(t for t in (ast.Try, getattr(ast, "TryStar", None)) if t is not None)
         for node in ast.walk(tree):
@@ -184,7 +175,7 @@ TAMPER_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
 _SELF = ("self", "cls")
 
 
-class GuardTamperingCheck(StaticCheck):
+class GuardTamperingCheck(PythonRule):
     name = "no_guard_tampering"
     rule = "static.guard-tampering"
     why = "the candidate may not reach into torch internals, the harness or the precision flags"
@@ -196,12 +187,8 @@ class GuardTamperingCheck(StaticCheck):
     class Options:
         allow: list[str] = field(default_factory=list)
 
-    def check(self, workspace: Path, candidate=None) -> list[str]:
-        label, tree, _ = self.python_tree(Path(workspace), candidate)
-        if tree is None:
-            return []
+    def findings(self, label: str, tree: ast.AST, names: Resolver) -> list[str]:
         allow = set(self.options.allow)
-        names = Resolver(tree)
         out = []
 
         def hit(q: str) -> bool:  # builtins are judged one by one (TAMPER_ATTRS), not as a module
