@@ -127,3 +127,23 @@ def test_a_job_users_processes_are_swept_also_in_new_sessions():
         assert identity.processes_of(uid) == []
     finally:
         proc.kill()
+
+
+def test_each_input_set_is_given_in_the_tensors_of_the_one_before():
+    """Verification's input sets sit at the same addresses, so a result memoised by address
+    is caught on the second set whatever the allocator does."""
+    import torch
+
+    from cuda_agent.sandbox.judge.candidate_state import CandidateState, refilled
+
+    st = CandidateState()
+    a = refilled(st, [torch.randn(4, 3), 7])
+    b = refilled(st, [torch.randn(4, 3), 7])
+    assert b[0].data_ptr() == a[0].data_ptr() and b[1] == 7
+    fresh = torch.randn(4, 3)
+    assert torch.equal(refilled(st, [fresh.clone(), 7])[0], fresh)  # the new draw's values
+    other = refilled(st, [torch.randn(5, 3), 7])  # another shape: its own tensors
+    assert other[0].shape == (5, 3)
+    wide = torch.randn(1, 3).expand(4, 3)
+    st.held_inputs = [wide]
+    assert refilled(st, [torch.randn(1, 3).expand(4, 3)])[0] is not wide  # shared memory: fresh tensors

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from . import rotation
-from .candidate_state import CandidateState, error_reply, export, inputs_for, refused
+from .candidate_state import CandidateState, error_reply, export, inputs_for, refilled, refused
 from .inputs import nbytes
 from .op_guard import ForbiddenOpError, GuardOptions, forward_guard
 from .poisoning import fill_uninitialized, poison_allocator
@@ -24,7 +24,7 @@ def do_run(st: CandidateState, msg: dict) -> tuple[dict, list[int]]:
 
     if st.loaded is None:
         return refused("no candidate loaded"), []
-    inputs = inputs_for(st, int(msg["seed"]), msg.get("extra"))
+    inputs = refilled(st, inputs_for(st, int(msg["seed"]), msg.get("extra")))
     guard_opts = GuardOptions(**(msg.get("guard") or {}))
     poison = bool(msg.get("poison", True))
     reply: dict[str, Any] = {"ok": True}

@@ -33,6 +33,7 @@ class CandidateState:
         self.extensions: list = []
         self.cand_name = "model_new.py"
         self.strict = True
+        self.held_inputs: list | None = None  # the last run's input tensors, refilled by the next draw
 
 
 def error_reply(exc: BaseException, files: tuple[str, ...] = ()) -> dict:
@@ -66,6 +67,35 @@ def inputs_for(st: CandidateState, seed: int, extra: str | None) -> list:
     if extra:
         values, _ = extra_draw_inputs(values, extra, seed, st.device)
     return values
+
+
+def refilled(st: CandidateState, values: list) -> list:
+    """``values`` in the tensors the last run was given, where every tensor matches in shape,
+    dtype, strides and device: each input set then sits at the addresses of the one before,
+    so a result kept by input address (``x.data_ptr()``) answers the next set with the last
+    one's output, whatever the allocator would have done."""
+    import torch
+
+    held, st.held_inputs = st.held_inputs, values
+    if held is None or len(held) != len(values):
+        return values
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return (a.shape, a.dtype, a.stride(), a.device) == (b.shape, b.dtype, b.stride(), b.device)
+        return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
+
+    if not all(same(h, v) for h, v in zip(held, values)):
+        return values
+    out = []
+    try:
+        with torch.no_grad():
+            for h, v in zip(held, values):
+                out.append(h.copy_(v) if isinstance(h, torch.Tensor) else v)
+    except RuntimeError:  # a tensor whose elements share memory (an expanded view): fresh ones then
+        return values
+    st.held_inputs = out
+    return out
 
 
 def die_with_parent() -> None:
