@@ -60,22 +60,31 @@ def quick(profiler: Any) -> Any:
     return type(profiler)(replace(o, **change)) if change else profiler
 
 
-def loop_overhead_ms(profiler: Any, pristine: list, ref_out: Any, device: Any, calls: int = NULL_CALLS) -> dict:
+def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls: int = NULL_CALLS) -> dict:
     """The cost of a timed loop's untimed work, on this side: the profiler's loop over a call
-    that returns a ready output, with the same input rotation and checksums, run for a few
-    calls and for ``calls`` calls. Returns ``{"fixed": ms per loop, "plain": ms per call,
-    "sync_each": ms per call, "cpu": CPU ms per call}`` (``sync_each`` for loops that
-    synchronise every call)."""
+    that returns a ready output (on the CPU a fresh one per call, whose release after the call
+    costs what releasing a kernel's output does), with the same input rotation over the timed
+    loop's input ``sets`` and the same checksums, run for a few calls and for ``calls`` calls.
+    Returns ``{"fixed": ms per loop, "plain": ms per call, "sync_each": ms per call, "cpu": CPU
+    ms per call}`` (``sync_each`` for loops that synchronise every call)."""
     import torch
 
-    work = [v.clone() if isinstance(v, torch.Tensor) else v for v in pristine]
+    work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in p] for p in sets]
+    k = len(sets)
     slot = torch.zeros((), dtype=torch.float64, device=device)
 
-    def null(*_args: Any) -> Any:
-        return ref_out
+    if torch.device(device).type == "cpu":
+        from torch.utils._pytree import tree_map
 
-    def prepare(j: int, _args: Any) -> None:
-        rotation.apply(pristine, work, rotation.factor(1, j, 1))
+        def null(*_args: Any) -> Any:  # a fresh, written output, as a kernel returns: releasing
+            # it after the call (outside the timed region) is the loop's work too
+            return tree_map(lambda t: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t, ref_out)
+    else:
+        def null(*_args: Any) -> Any:
+            return ref_out
+
+    def prepare(j: int, _args: Any) -> None:  # over as many sets as the timed loop: the same memory
+        rotation.apply(sets[j % k], work[j % k], rotation.factor(1, j, k))
 
     def after(_j: int, out: Any) -> None:
         rotation.checksum_into(out, slot)
@@ -90,7 +99,7 @@ def loop_overhead_ms(profiler: Any, pristine: list, ref_out: Any, device: Any, c
         return max(0.0, wall - sum(samples))
 
     prof = quick(profiler)
-    run = prof.begin(null, [work], device)
+    run = prof.begin(null, work, device)
     few = max(2, calls // 6)
     unaccounted(prof, run, few)  # first calls of the rotation and checksum paths
     out: dict[str, float] = {}
@@ -199,7 +208,8 @@ class CandidateTimer:
         self._profiler = profiler
         ref_out = self.reference_at(0, 0)
         with hostlock.timing():
-            new = loop_overhead_ms(profiler, self.pristine(0), ref_out, self.device, max(calls, NULL_CALLS))
+            sets = [self.pristine(s) for s in range(len(self.set_seeds))]
+            new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS))
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
         self.overhead = new
