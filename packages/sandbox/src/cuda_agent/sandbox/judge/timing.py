@@ -260,8 +260,9 @@ class CandidateTimer:
             if samples is None:
                 return None, Refusal(FailureCategory.CRASH, "the candidate process sent malformed timings")
             why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
-            if why and self._profiler is not None and not self._on_cpu:
-                # the host may have been busy: the loop's own work measured again, now
+            if why and self._profiler is not None:
+                # the host may have been busy (on the CPU: memory shared with other work makes the
+                # loop's own work cost more CPU time): that work measured again, now
                 self.measure_overhead(self._profiler, keep=max)
                 why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
             wall_info["calls"] = n
