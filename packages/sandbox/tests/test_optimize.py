@@ -27,7 +27,7 @@ def test_demo_ends_with_a_verified_speedup(tmp_path, capfd):
     assert rep["speedup_vs_eager"] is not None and rep["speedup_vs_compile"] is not None
     assert rep["reward"]["correct"]
     assert "verified:" in printed and str(out / "report.md") in printed
-    assert (out / "best" / "model_new.py").exists() and (out / "best" / "kernels" / "hardswish_affine.cpp").exists()
+    assert (out / "best" / "model_new.py").exists() and (out / "best" / "kernels" / "running_sum.cpp").exists()
     assert (f"**Verified solution: {rep['speedup_vs_eager']:.2f}x faster than eager PyTorch, "
             f"{rep['speedup_vs_compile']:.2f}x against torch.compile.**") in (out / "report.md").read_text()
     transcript = (out / "transcript.md").read_text()
