@@ -52,7 +52,7 @@ def run_demo(out: Path, backend: str, extra: list[str]) -> dict:
 
 
 def fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    return "" if x is None else format(x, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sp = "/".join(fmt(r["spreads"].get(k) and r["spreads"][k] * 100, ".0f") for k in
                           ("eager", "compile", "candidate")) + " %"
-            print(f"{i + 1:>3}  {fmt(r['vs_eager'], '.2f'):>7}x  {fmt(r['vs_compile'], '.2f'):>9}x  {sp:>17}  "
+            print(f"{i + 1:>3}  {fmt(r['vs_eager'], '.2f') + 'x':>8}  {fmt(r['vs_compile'], '.2f') + 'x':>10}  {sp:>17}  "
                   f"{fmt(r['reward'], 'g'):>6}  {r['seconds']:5.0f}s", flush=True)
     finally:
         if burner is not None:

@@ -28,6 +28,11 @@ def test_demo_ends_with_a_verified_speedup(tmp_path, capfd):
     assert rep["reward"]["correct"]
     assert "verified:" in printed and str(out / "report.md") in printed
     assert (out / "best" / "model_new.py").exists() and (out / "best" / "kernels" / "running_sum.cpp").exists()
+    assert (out / "best" / "model.py").exists() and (out / "best" / ".cuda_agent" / "build" / "manifest.json").exists()
+    report_md = (out / "report.md").read_text()
+    assert f"cuda-agent verify {out / 'best'}" in report_md and f"cuda-agent profile {out / 'best'}" in report_md
+    assert "python tools/verify.py" not in report_md and "Spread: " in report_md
+    assert f"re-check: cuda-agent verify {out / 'best'}" in printed
     assert (f"**Verified solution: {rep['speedup_vs_eager']:.2f}x faster than eager PyTorch, "
             f"{rep['speedup_vs_compile']:.2f}x against torch.compile.**") in (out / "report.md").read_text()
     transcript = (out / "transcript.md").read_text()

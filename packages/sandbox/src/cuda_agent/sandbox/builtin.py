@@ -65,8 +65,10 @@ def register_commands(cli):
     from .workspace.optimize import register
     from .executors.cli import register_executor_commands
     from .workspace.sandbox_cli import register_sandbox_commands
+    from .workspace.solution import register as register_solution_commands
 
     register(cli)
+    register_solution_commands(cli)
     register_sandbox_commands(cli)
     register_executor_commands(cli)
 

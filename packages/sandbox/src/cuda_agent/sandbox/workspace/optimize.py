@@ -27,6 +27,7 @@ from cuda_agent.core.errors import ConfigError, InfrastructureError, TaskError
 from cuda_agent.core.types import INFRA_ERROR, Candidate, Task, Trajectory, to_jsonable
 
 from .environment import CudaEnvironment, EnvironmentOptions, detect_backend
+from .solution import export_solution, recheck_commands
 
 DEMO_DIR = "data/demo"
 # backend -> (task file, recorded episode, task name). The CPU example's speedup over
@@ -130,6 +131,8 @@ def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend:
         "reward": to_jsonable(traj.reward) if traj.reward else None,
         "best_turn": best.turn if best else None,
         "best_files": sorted(best.files) if best else [],
+        "best_build_error": traj.metadata.get("best_build_error"),
+        "recheck": recheck_commands(out_dir / "best") if best else [],
         "candidates": [
             {"turn": c.turn, "correct": c.outcome.correct, "failure": c.outcome.failure.value,
              "speedup_vs_compile": c.speedup_vs_compile,
@@ -139,6 +142,10 @@ def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend:
         "output_dir": str(out_dir),
         "trajectory_id": traj.id,
     }
+
+
+SPREAD_NOTE = ("Spread: how far the timed calls of one measurement scatter (interquartile range over the median); "
+               "a speedup within the spreads of its two timings is noise.")
 
 
 def render_report(rep: dict, traj: Trajectory) -> str:
@@ -173,15 +180,21 @@ def render_report(rep: dict, traj: Trajectory) -> str:
     if rep["verified"]:
         rows.append(("best version", f"turn {rep['best_turn']}: {', '.join(rep['best_files'])}"))
     lines += [f"| {a} | {b} |" for a, b in rows]
+    if rep["timings"]:
+        lines += ["", SPREAD_NOTE]
     if traj.candidates:
         lines += ["", "## Every verified version", "", candidate_table(traj)]
+    lines += ["", "## Files", ""]
+    if rep["verified"]:
+        build = ("and the kernels' build (`.cuda_agent/build/`): `import model_new` there, or in a copy of the "
+                 "folder, loads it" if not rep.get("best_build_error") else
+                 f"without a build (it failed: {rep['best_build_error']})")
+        lines += [f"- `best/`: the best solution on its own: `model.py` (the task), `model_new.py`, `kernels/`, "
+                  f"`cuda_agent_runtime.py` {build}. Re-check it with no service running (each command starts "
+                  "what it needs):", "", *[f"      {c}" for c in rep["recheck"]], ""]
     lines += [
-        "",
-        "## Files",
-        "",
-        "- `best/`: the best solution's `model_new.py` and `kernels/`, with `cuda_agent_runtime.py`.",
-        "- `workspace/`: the agent's workspace, left with the best solution and its build "
-        "(`python tools/verify.py` and `python tools/profile.py` there re-check it).",
+        "- `workspace/`: the agent's workspace as the run left it; its `tools/` talk to the run's service, which "
+        "ended with the run" + (" (re-check with the commands above)." if rep["verified"] else "."),
         "- `transcript.md`: the whole episode; `trajectories.jsonl`: its raw record.",
         "",
     ]
@@ -261,17 +274,20 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
             pm=pm,
         )
         bar = Progress(options.max_turns, enabled=progress)
+        best_build = None
         try:
             traj = run_episode_sync(task, policy, env, options, on_event=bar, pm=pm)
+            if traj.best is not None:  # built while the service's compile worker is up
+                best_build = export_solution(out_dir / "best", task, traj.best.files, env.ws, env.service.jobs.build)
         finally:
             bar.close()
             env.close()
         traj.metadata["backend"] = backend
+        if best_build is not None:
+            traj.metadata["best_build_error"] = best_build
         if traj.infra_error:
             run.status = INFRA_ERROR
         _write_records(out_dir, env.ws.root, traj)
-        if traj.best is not None:
-            _write_best(out_dir / "best", env.ws.root, traj.best.files)
         policy_name = str(cfg.policy.name)
         model = str(cfg.policy.get("options", {}).get("model", "") or "")
         rep = build_report(task, model_path, traj, backend, policy_name, model, out_dir)
@@ -293,27 +309,6 @@ def _write_records(out_dir: Path, ws_root: Path, traj: Trajectory) -> None:
         record_access(out_dir / name, ws_root)
 
 
-def _write_best(best_dir: Path, ws_root: Path, files: dict[str, str]) -> None:
-    """The best version's files (snapshot text, agent paths only) and the runtime loader,
-    read from the workspace without following links."""
-    from cuda_agent.core.safefs import Tree, UnsafePath
-
-    from .workspace import is_agent_path
-
-    for rel, text in files.items():
-        if not is_agent_path(rel):
-            continue
-        dest = best_dir / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
-    try:
-        runtime = Tree(ws_root).read_bytes("cuda_agent_runtime.py")
-    except (OSError, UnsafePath):
-        return
-    best_dir.mkdir(parents=True, exist_ok=True)
-    (best_dir / "cuda_agent_runtime.py").write_bytes(runtime)
-
-
 def _summary(rep: dict) -> str:
     if rep["verified"] and rep["speedup_vs_compile"] is not None:
         head = (f"verified: {rep['speedup_vs_eager']:.2f}x vs eager, {rep['speedup_vs_compile']:.2f}x vs torch.compile"
@@ -325,7 +320,10 @@ def _summary(rep: dict) -> str:
     else:
         head = f"no verified solution ({rep['turns']} turns, ended: {rep['finish_reason']})"
     out = Path(rep["output_dir"])
-    return f"{head}\nreport: {out / 'report.md'}\nbest solution: {out / 'best'}"
+    text = f"{head}\nreport: {out / 'report.md'}"
+    if rep["verified"]:
+        text += f"\nbest solution: {out / 'best'} (re-check: {rep['recheck'][0]})"
+    return text
 
 
 def check_model_up_front(model_path: Path, cfg: Any) -> None:

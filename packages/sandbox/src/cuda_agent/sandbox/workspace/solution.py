@@ -1,0 +1,193 @@
+"""A solution folder that stands on its own, and the commands that re-check one.
+
+:func:`export_solution` writes a run's ``best/``: the task (``model.py``), the solution
+(``model_new.py``, ``kernels/``), the runtime loader and the build of the kernels
+(``.cuda_agent/build/``), with ``.cuda_agent/workspace.json`` naming the backend and compiler.
+``import model_new`` works from that folder or from a copy of it; ``cuda-agent verify`` and
+``cuda-agent profile`` re-check it with no service running: they build a private workspace
+from the folder's files and judge it through a :class:`~.service.WorkspaceService` of their
+own (compile, then verification/profiling jobs on a local pool), as the run did.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cuda_agent.core.errors import ConfigError
+from cuda_agent.core.types import Task
+
+from .workspace import STATE_DIR, Workspace, create_workspace, is_agent_path, remove_workspace, snapshot_files
+
+README = """# A verified solution of `{task}`
+
+- `model.py`: the task (the reference); `model_new.py` and `kernels/`: the solution;
+  `cuda_agent_runtime.py` loads the kernels' build from `.cuda_agent/build/`.
+- Use it: `import model_new` from this folder (or a copy of it, `.cuda_agent/` included) with
+  torch installed; the build is for the {backend} backend ({compiler}) of the machine that ran it.
+  Elsewhere, build it again with `cuda-agent verify <this folder>` first.
+- Re-check it (no service needed; the command starts what it needs):
+
+      cuda-agent verify {here}
+      cuda-agent profile {here}
+"""
+
+
+def recheck_commands(folder: str | Path) -> list[str]:
+    """The commands that re-check the solution in ``folder``."""
+    return [f"cuda-agent verify {folder}", f"cuda-agent profile {folder}"]
+
+
+def export_solution(dest: Path, task: Task, files: dict[str, str], ws: Workspace, build: Any = None) -> str | None:
+    """Write the solution ``files`` of ``task`` (in workspace ``ws``'s form) to ``dest`` as a
+    folder that stands on its own; ``build(src, build_dir)`` builds its kernels (a
+    :class:`~.service_jobs.ServiceJobs`' ``build``). Returns why the build is missing, or None."""
+    dest = Path(dest)
+    for rel, text in files.items():
+        if not is_agent_path(rel):
+            continue
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "model.py").write_text(task.code)
+    shutil.copyfile(ws.root / "cuda_agent_runtime.py", dest / "cuda_agent_runtime.py")
+    state = dest / STATE_DIR
+    state.mkdir(exist_ok=True)
+    Workspace(root=dest.resolve(), backend=ws.backend, compiler=ws.compiler, protected=[], task_id=task.id).save()
+    (dest / "README.md").write_text(README.format(task=task.id, backend=ws.backend, compiler=ws.compiler,
+                                                  here=dest))
+    if build is None:
+        return "no build step given"
+    result = build(dest, state / "build")
+    if not result.ok:
+        return (result.errors or ["the build failed"])[0]
+    return None
+
+
+# --- re-checking a folder ---------------------------------------------------------------------
+
+
+def solution_folder(path: Path) -> Path:
+    """The folder to re-check: ``path`` itself, or a run folder's ``best/``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such folder; give a run folder, its best/ or a workspace")
+    if not (path / "model_new.py").is_file() and (path / "best" / "model_new.py").is_file():
+        return path / "best"
+    return path
+
+
+def read_solution(folder: Path) -> tuple[Task, dict[str, str], str | None, str | None]:
+    """The task, the solution's files and, when the folder names them, its backend and compiler."""
+    if not (folder / "model_new.py").is_file():
+        raise ConfigError(f"{folder}: no model_new.py; give a run folder, its best/ or a workspace")
+    if not (folder / "model.py").is_file():
+        raise ConfigError(f"{folder}: no model.py (the task's reference is needed to re-check); copy the task's "
+                          "model.py into the folder")
+    backend = compiler = None
+    meta = folder / STATE_DIR / "workspace.json"
+    task_id = folder.resolve().name
+    if meta.is_file():
+        try:
+            d = json.loads(meta.read_text())
+        except ValueError as exc:
+            raise ConfigError(f"{meta}: not valid JSON ({exc}); remove it to re-check with the defaults") from None
+        backend, compiler = d.get("backend"), d.get("compiler")
+        task_id = d.get("task_id") or task_id
+    files = snapshot_files(folder)
+    task = Task(id=task_id, source="user", code=(folder / "model.py").read_text(), name="model.py")
+    return task, files, backend, compiler
+
+
+def _executor(cfg: Any, backend: str, pm: Any) -> Any:
+    node = cfg.get("executor") if hasattr(cfg, "get") else None
+    if node is None or node.get("name") is None:
+        return None  # the service's local pool for the backend
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(node, resolve=True)
+    if backend == "cpu" and spec.get("name") == "local":
+        spec = {"name": "cpu", "options": {}}  # the GPU pool has nothing to run on here
+    return pm.create("executor", spec, where="executor")
+
+
+def recheck(path: Path, kind: str, cfg: Any) -> dict:
+    """Judge the solution at ``path`` (``kind``: verify or profile) in a private workspace;
+    returns the tool's answer (``text``, ``ok``, ``result``) and ``folder``, ``backend``."""
+    from cuda_agent.core.plugins import get_plugin_manager
+
+    from .environment import detect_backend
+    from .service import WorkspaceService
+
+    folder = solution_folder(path)
+    task, files, backend, compiler = read_solution(folder)
+    wanted = detect_backend(str(cfg.get("backend", "auto")) if backend is None else backend)
+    if backend == "cuda" and detect_backend("auto") != "cuda":
+        raise ConfigError(f"{folder} is a solution for the CUDA backend and no GPU is usable here; re-check it "
+                          "on a machine with one")
+    pm = get_plugin_manager()
+    tmp = Path(tempfile.mkdtemp(prefix="cuda-agent-recheck-"))
+    executor = None
+    try:
+        ws = create_workspace(task, tmp / "workspace", backend=wanted, compiler=compiler)
+        ws.restore(files)
+        executor = _executor(cfg, wanted, pm)
+        svc = WorkspaceService(ws, compiler, executor, cfg.get("service"), reward=cfg.get("reward"))
+        try:
+            answer = svc.handle(kind, fresh=True)
+        finally:
+            svc.close()
+    finally:
+        if executor is not None:
+            executor.close()
+        remove_workspace(tmp)
+    answer.update(folder=str(folder), backend=wanted, compiler=compiler or ws.compiler)
+    return answer
+
+
+# --- click commands ---------------------------------------------------------------------------
+
+
+class CheckFailed(click.ClickException):
+    """The solution did not pass: exit status 1, the verdict already printed."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        pass
+
+
+def _command(cli: Any, kind: str, doc: str) -> None:
+    from cuda_agent.core.cli import split_args
+    from cuda_agent.core.config import compose
+
+    @cli.command(kind, context_settings={"ignore_unknown_options": True}, help=doc)
+    @click.argument("path", type=click.Path(file_okay=False, path_type=Path))
+    @click.argument("args", nargs=-1)
+    @click.option("--json", "as_json", is_flag=True, help="Print the tool's JSON answer.")
+    def cmd(path: Path, args: tuple[str, ...], as_json: bool) -> None:
+        files, overrides = split_args(args)
+        answer = recheck(path, kind, compose(files, overrides))
+        if as_json:
+            click.echo(json.dumps(answer, indent=1, default=str))
+        else:
+            click.echo(answer["text"])
+            click.echo(f"({kind} of {answer['folder']}, {answer['backend']} backend, {answer['compiler']})")
+        if not answer["ok"]:
+            raise CheckFailed(f"{kind} failed")
+
+
+def register(cli: Any) -> None:
+    _command(cli, "verify", "Build and verify the solution in PATH (a run folder, its best/ or a workspace: "
+                            "model.py, model_new.py, kernels/) against its model.py on fresh random inputs, with "
+                            "no service running. ARGS are config files and key=value overrides. Exit status 1 "
+                            "when it does not pass.")
+    _command(cli, "profile", "Build, verify and time the solution in PATH (a run folder, its best/ or a workspace) "
+                             "against eager PyTorch and torch.compile, and score it, with no service running. ARGS "
+                             "are config files and key=value overrides.")
