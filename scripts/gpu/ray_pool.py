@@ -132,7 +132,7 @@ def part2(ray_ex, local_ex, n: int, tolerance: float, cpu: bool) -> tuple[list[d
     builds.append({"build": f"{ws.compiler} here", "ok": c_local.ok, "seconds": f"{time.monotonic() - t0:.1f}"})
     (ws.root / ".cuda_agent" / "build" / "manifest.json").unlink()  # the Ray task builds it again
     remote = ray_ex.build_executor()
-    job = Job("cuda_agent.sandbox.workspace.service_jobs:compile_job", {"compiler": compiler, "workspace": str(ws.root)},
+    job = Job("cuda_agent.sandbox.judge.pipeline:compile_job", {"compiler": compiler, "workspace": str(ws.root)},
               kind="compile", pass_device=False, timeout=600)
     reason, c_ray, seconds = run_job(remote, job)
     builds.append({"build": f"Ray task on {remote.built_on[-1] if remote.built_on else '?'}",

@@ -1,13 +1,16 @@
 """The rule profile and the weight protocol each solution form is verified under."""
 
-from cuda_agent.evaluation.scoring import CandidateEvaluator, ScoringOptions
-from cuda_agent.evaluation.solutions import KERNELBENCH
+import pytest
+
+from cuda_agent.core.errors import ConfigError
+from cuda_agent.evaluation.scoring import ScoringOptions, judge_for
 from cuda_agent.sandbox.judge.jobs import ProfileOptions, VerifyOptions
 
 
 def options(**kw) -> tuple[dict, dict, dict]:
-    ev = CandidateEvaluator(executor=None, options=ScoringOptions(**kw))
-    return ev.verify_job_options(KERNELBENCH), ev.verify_job_options("workspace"), ev.profile_job_options(KERNELBENCH)
+    judge = judge_for(executor=object(), o=ScoringOptions(**kw))  # the judge's options: no job runs
+    (single, profile), (workspace, _) = judge.job_options(True), judge.job_options(False)
+    return single, workspace, profile
 
 
 def test_single_files_get_kernelbenchs_weights_and_workspaces_models_names():
@@ -27,3 +30,12 @@ def test_the_profile_of_the_run_and_rules_off():
     assert single["rules"] == workspace["rules"] == "none"
     v = VerifyOptions(**workspace)
     assert v.static_checks == [] and not v.guard.enabled
+
+
+def test_judge_options_of_eval_are_checked_up_front():
+    with pytest.raises(ConfigError, match="build_worker"):
+        judge_for(object(), ScoringOptions(judge={"build_worker": 2}))
+    with pytest.raises(ConfigError, match="eval.verify_options"):
+        judge_for(object(), ScoringOptions(verify_options={"num_input": 2}))
+    j = judge_for(object(), ScoringOptions(judge={"build_workers": 3, "prebuild": True}))
+    assert j.build_workers() == 3 and j.options.prebuild

@@ -2,7 +2,7 @@
 GPU pool that only loads and runs.
 
 :class:`RayBuildExecutor` takes the workspace service's compile jobs
-(``cuda_agent.sandbox.workspace.service_jobs:compile_job``, ``kind="compile"``) through the same
+(``cuda_agent.sandbox.judge.pipeline:compile_job``, ``kind="compile"``) through the same
 ``submit(Job) -> Future`` as every executor. Each job becomes a Ray task needing
 ``build_cpus`` CPUs (and one unit of ``build_resource`` when set, so builds land on the
 nodes meant for them): the workspace travels as bytes, the compiler plugin builds it in a

@@ -97,6 +97,7 @@ def _scoring_options(cfg: DictConfig, backend: str, work_dir: Path) -> ScoringOp
         enforce_rules=bool(e.get("enforce_rules", True)),
         rules=str(e.get("rules") or "cuda-agent"),
         keep_workspaces=bool(e.get("keep_workspaces", False)),
+        judge=dict(_plain(e.get("judge")) or {}),
     )
 
 
@@ -209,9 +210,11 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
                 scorer = _agent_scorer(cfg, pm, executor, opts, run)
                 info.update(mode="agent", policy=cfg.policy.name)
                 label = str(cfg.policy.name)
-            # episodes wait mostly on the model, solutions mostly on the GPU
+            # episodes wait mostly on the model; solutions on the GPU, and single files on
+            # their builds (which run in the judge's build pool alongside)
             per_device = 2 if solutions is not None else 8
-            workers = int(e.get("workers") or 0) or per_device * _device_count(executor)
+            workers = int(e.get("workers") or 0) or per_device * _device_count(executor) + (
+                scorer.judge.build_workers() if solutions is not None else 0)
             store = ResultStore(run.path(RESULTS_FILE))
             try:
                 results = run_tasks(

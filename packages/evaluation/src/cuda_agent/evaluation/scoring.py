@@ -1,6 +1,7 @@
-"""Scoring candidates through the sandbox: workspace, build, verification and profiling jobs.
+"""Scoring candidates through the sandbox's judge (:mod:`cuda_agent.sandbox.judge.pipeline`).
 
-:class:`SolutionScorer` scores existing solutions (no agent); :class:`AgentScorer` runs a
+:class:`SolutionScorer` scores existing solutions (no agent): a workspace per sample, the
+solution installed in it, the judge's build, verification and profiling; :class:`AgentScorer` runs a
 policy through the agent loop and scores each task by the best correct candidate of its
 episodes. Both return one :class:`~.metrics.TaskResult` per task and are what
 :func:`~.runner.run_tasks` calls from its worker threads; the GPU work goes to the
@@ -11,32 +12,17 @@ from __future__ import annotations
 
 import fnmatch
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cuda_agent.core.errors import ConfigError
-from cuda_agent.core.types import (
-    CandidateOutcome,
-    CompileResult,
-    FailureCategory,
-    ProfileResult,
-    Task,
-    Trajectory,
-    VerifyResult,
-)
+from cuda_agent.core.types import FailureCategory, Task, Trajectory
 
 from .metrics import TaskResult, best_result, infra_error_result, result_from_outcome
 from .samples import SampleResult, sample_from_result
 from .solutions import KERNELBENCH, Solution, install_solution
-
-VERIFY_JOB = "cuda_agent.sandbox.judge.tasks:verify"
-PROFILE_JOB = "cuda_agent.sandbox.judge.tasks:profile"
-EVALUATE_JOB = "cuda_agent.sandbox.judge.tasks:evaluate"  # verify, then profile, in one worker
-BUILD_JOB = "cuda_agent.sandbox.workspace.service_jobs:compile_job"  # a build sent to the executor's build_executor()
-
 
 # --- task selection ------------------------------------------------------------------
 
@@ -115,21 +101,6 @@ def remove_workspace(dest: Path) -> None:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-def _job(fn: str, kwargs: dict, kind: str, timeout: float | None, label: str) -> Any:
-    from cuda_agent.sandbox.executors import Job
-
-    return Job(fn=fn, kwargs=kwargs, kind=kind, timeout=timeout, label=label)
-
-
-def _job_error_types() -> tuple[type, ...]:
-    try:
-        from cuda_agent.sandbox.executors import JobError
-
-        return (JobError,)
-    except ImportError:  # pragma: no cover
-        return ()
-
-
 @dataclass
 class ScoringOptions:
     backend: str = "cuda"
@@ -144,113 +115,31 @@ class ScoringOptions:
     keep_workspaces: bool = False
     profile: bool = True  # time correct candidates (False: correctness only)
     one_job: bool = True  # verify and profile in one job (one worker start, one model load)
+    # the judge's options for single files' builds (JudgeOptions fields: prebuild,
+    # build_workers, build_jobs, build_timeout, build_arch, prebuilt_cache)
+    judge: dict = field(default_factory=dict)
 
 
-class CandidateEvaluator:
-    """Build, verify and profile the candidate in a workspace, through the executor."""
+def judge_for(executor: Any, o: ScoringOptions, pm: Any = None) -> Any:
+    """The sandbox's judge (:class:`cuda_agent.sandbox.judge.pipeline.Judge`) for these options."""
+    try:
+        from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions
+    except ImportError as exc:  # pragma: no cover
+        raise ConfigError(f"scoring solutions needs cuda-agent-sandbox: {exc}") from exc
+    verify = dict(o.verify_options)
+    verify.setdefault("rules", o.rules if o.enforce_rules else "none")
+    if not o.enforce_rules:  # plain PyTorch (the references, say) can be scored
+        verify["rules"] = "none"
+    names = set(JudgeOptions.__dataclass_fields__)
+    unknown = sorted(set(o.judge) - names)
+    if unknown:
+        from cuda_agent.core.errors import did_you_mean
 
-    def __init__(self, executor: Any, options: ScoringOptions, pm: Any = None):
-        self.executor = executor
-        self.o = options
-        self.pm = pm
-        self._compiler = None
-        self._lock = threading.Lock()
-
-    # the compiler is built lazily: single-file solutions never need one
-    def compiler(self) -> Any:
-        with self._lock:
-            if self._compiler is None:
-                from cuda_agent.core.plugins import get_plugin_manager
-
-                pm = self.pm or get_plugin_manager()
-                spec = self.o.compiler
-                if not spec or not (spec.get("name") if isinstance(spec, dict) else getattr(spec, "name", None)):
-                    spec = {"name": "gxx" if self.o.backend == "cpu" else "cpp_extension"}
-                self._compiler = pm.create("compiler", spec, where="compiler")
-            return self._compiler
-
-    def verify_job_options(self, form: str = "") -> dict:
-        """VerifyOptions fields for the verification job.
-
-        ``enforce_rules=False`` turns the anti-hacking rules off (no static source checks,
-        no run-time operator guard) so plain PyTorch, e.g. the references, can be scored.
-        Single-file solutions need nothing special: ModelNew is in ``model_new.py`` and
-        builds its own kernels when imported inside the job.
-        """
-        opts = dict(self.o.verify_options)
-        opts.setdefault("rules", self.o.rules if self.o.enforce_rules else "none")
-        if not self.o.enforce_rules:
-            opts["rules"] = "none"
-        if form == KERNELBENCH:  # a single file: KernelBench's protocol for the weights (names are free)
-            opts.setdefault("weights", "auto")
-        return opts
-
-    def profile_job_options(self, form: str = "") -> dict:
-        opts = dict(self.o.profile_options)
-        if form == KERNELBENCH:
-            opts.setdefault("weights", "auto")
-        return opts
-
-    def build(self, root: Path) -> CompileResult:
-        t0 = time.perf_counter()
-        remote = getattr(self.executor, "build_executor", None)
-        remote = remote() if callable(remote) else None
-        try:
-            if remote is not None:  # the executor builds elsewhere (CPU nodes of a cluster)
-                job = _job(BUILD_JOB, {"compiler": self.compiler(), "workspace": str(root)}, "compile", 600.0, root.name)
-                job.pass_device = False
-                return remote.submit(job).result()
-            return self.compiler().build(root)
-        except Exception as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            return CompileResult(ok=False, errors=[f"{type(exc).__name__}: {exc}"[:500]], seconds=time.perf_counter() - t0)
-
-    def _run(self, fn: str, root: Path, options: dict, kind: str, timeout: float | None, label: str) -> Any:
-        job = _job(fn, {"workspace": str(root), "options": options}, kind, timeout, label)
-        return self.executor.submit(job).result()
-
-    def verify(self, root: Path, form: str, label: str) -> VerifyResult:
-        try:
-            return self._run(VERIFY_JOB, root, self.verify_job_options(form), "verify", self.o.verify_timeout, label)
-        except _job_error_types() as exc:
-            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds)
-
-    def profile(self, root: Path, form: str, label: str) -> ProfileResult:
-        try:
-            return self._run(PROFILE_JOB, root, self.profile_job_options(form), "profile", self.o.profile_timeout, label)
-        except _job_error_types() as exc:
-            return ProfileResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds)
-
-    def verify_and_profile(self, root: Path, label: str, form: str = "") -> tuple[VerifyResult, ProfileResult | None]:
-        timeout = None
-        if self.o.verify_timeout and self.o.profile_timeout:
-            timeout = self.o.verify_timeout + self.o.profile_timeout
-        job = _job(
-            EVALUATE_JOB,
-            {"workspace": str(root), "verify_options": self.verify_job_options(form), "profile_options": self.profile_job_options(form)},
-            "evaluate",
-            timeout,
-            label,
-        )
-        try:
-            return self.executor.submit(job).result()
-        except _job_error_types() as exc:
-            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=exc.seconds), None
-
-    def evaluate(self, root: Path, form: str, label: str) -> CandidateOutcome:
-        outcome = CandidateOutcome()
-        if form != KERNELBENCH:
-            outcome.compile = self.build(root)
-            if not outcome.compile.ok:
-                return outcome
-        if self.o.one_job and self.o.profile:
-            outcome.verify, outcome.profile = self.verify_and_profile(root, label, form)
-            return outcome
-        outcome.verify = self.verify(root, form, label)
-        if outcome.verify.ok and self.o.profile:
-            outcome.profile = self.profile(root, form, label)
-        return outcome
+        raise ConfigError(f"unknown eval.judge option {unknown[0]!r}; {did_you_mean(unknown[0], names)}")
+    opts = JudgeOptions(verify_options=verify, profile_options=dict(o.profile_options),
+                        verify_timeout=o.verify_timeout, profile_timeout=o.profile_timeout, **o.judge)
+    opts.check_job_options("eval")
+    return Judge(opts, executor, o.compiler if _compiler_name(o.compiler) else None, o.backend, pm=pm)
 
 
 class SolutionScorer:
@@ -260,7 +149,7 @@ class SolutionScorer:
     def __init__(self, executor: Any, solutions: dict[str, list[Solution]], options: ScoringOptions, pm: Any = None):
         self.solutions = solutions
         self.o = options
-        self.evaluator = CandidateEvaluator(executor, options, pm)
+        self.judge = judge_for(executor, options, pm)
 
     def score_solution(self, task: Task, sol: Solution, index: int = 0) -> TaskResult:
         t0 = time.perf_counter()
@@ -268,7 +157,8 @@ class SolutionScorer:
         root = make_workspace(task, dest, self.o.backend, _compiler_name(self.o.compiler))
         install_solution(sol, root)
         try:
-            outcome = self.evaluator.evaluate(root, sol.form, task.id)
+            outcome = self.judge.judge(root, single_file=sol.form == KERNELBENCH, profile=self.o.profile,
+                                       one_job=self.o.one_job)
         finally:
             if not self.o.keep_workspaces:
                 remove_workspace(dest)

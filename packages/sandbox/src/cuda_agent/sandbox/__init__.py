@@ -52,6 +52,7 @@ MOVED = {
     "episodes": "workspace.episodes",
     "modelcheck": "workspace.modelcheck",
     "runtime_loader": "workspace.runtime_loader",
+    "workspace.service_jobs": "judge.pipeline",
 }
 
 

@@ -16,7 +16,9 @@ The workspace stays reachable through a directory handle opened before the drop
 (``/proc/self/fd/N``), so folders on the way to it that the user may not enter (a
 ``0700`` parent) do not matter. ``HOME``, ``TMPDIR``, ``CUDA_CACHE_PATH``,
 ``TORCH_EXTENSIONS_DIR``, ``TRITON_CACHE_DIR`` and ``XDG_CACHE_HOME`` point into a
-private temporary folder owned by that user (removed after the job); supplementary groups
+private temporary folder owned by that user (removed after the job; with a private ``/tmp``,
+``TORCH_EXTENSIONS_DIR`` is the fixed :data:`EXTENSIONS_DIR`, so an extension built in one
+job is up to date in another, see :mod:`cuda_agent.sandbox.judge.prebuild`); supplementary groups
 are cleared and ``no_new_privs`` is set. The process can then write neither the baseline
 cache, nor the workspace's protected files, nor anything of root's. It also gets a network
 namespace of its own (``job_network: none`` in the metadata; ``CUDA_AGENT_JOB_NETWORK=1``
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 ENV = "CUDA_AGENT_DROP_PRIVILEGES"
 MOUNTS_ENV = "CUDA_AGENT_JOB_MOUNTS"  # "0": no mount namespace (the workspace through a handle)
@@ -56,6 +59,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
 NETWORK_ENV = "CUDA_AGENT_JOB_NETWORK"  # "1": candidate jobs keep the host's network
+EXTENSIONS_DIR = "/tmp/cuda-agent-torch-extensions"  # TORCH_EXTENSIONS_DIR of a job with a private /tmp
 _SCRATCH_MB = 4096  # private /tmp of a job (memory-backed, used on demand): extension builds, caches
 
 _state: dict | None = None  # set once this process has dropped its rights
@@ -211,10 +215,13 @@ def _unshare(flag: int, what: str) -> str:
     return ""
 
 
-def drop_privileges(workspace: str | Path, enabled: bool = True, uid: int | None = None) -> tuple[Path, dict]:
+def drop_privileges(workspace: str | Path, enabled: bool = True, uid: int | None = None,
+                    extensions: list | None = None) -> tuple[Path, dict]:
     """Become an unprivileged user (see the module docstring); ``uid``: this user id (a
     job's own, :mod:`cuda_agent.sandbox.judge.identity`) instead of the workspace's or the
-    device's.
+    device's; ``extensions``: files ``(path, mode, mtime_ns, bytes)`` of extensions built
+    ahead of the job, placed in its ``TORCH_EXTENSIONS_DIR`` (only with a private ``/tmp``,
+    where that folder has the path the build had; ``extensions`` in the metadata says).
 
     Returns ``(view, metadata)``: ``view`` is the path through which the workspace is to be
     read from now on (``/proc/self/fd/N``, or ``workspace`` when nothing was dropped), and
@@ -260,10 +267,13 @@ def drop_privileges(workspace: str | Path, enabled: bool = True, uid: int | None
     private = _private_dir(uid, gid)
     for var in CACHE_VARS:
         path = private if var in ("HOME", "TMPDIR") else os.path.join(private, var.lower())
+        if var == "TORCH_EXTENSIONS_DIR" and not mounts:  # the same path in every job: see EXTENSIONS_DIR
+            path = EXTENSIONS_DIR
         if path != private:
             os.makedirs(path, exist_ok=True)
             os.chown(path, uid, gid)
         os.environ[var] = path
+    seeded = _seed_extensions(extensions, mounts, uid, gid)
     os.environ["CUDA_AGENT_WORKSPACE"] = view
     # the job's uid has no passwd entry: getpass.getuser() (torch's cache folders ask it)
     # reads these before it falls back to getpwuid(), which would raise KeyError
@@ -289,8 +299,60 @@ def drop_privileges(workspace: str | Path, enabled: bool = True, uid: int | None
     meta = {"privileges": f"dropped to uid {uid} ({who})",
             "uid": uid, "gid": gid, "job_mounts": f"shared ({mounts})" if mounts else "private",
             "job_network": f"host ({network})" if network else "none"}
+    if seeded:
+        meta["extensions"] = seeded
     _state = {"meta": meta, "private": private, "views": {str(ws): view}}
     return Path(view), dict(meta)
+
+
+def safe_relative(rel: Any) -> str | None:
+    """``rel`` when it is a plain relative path inside a folder (no ``..``, not absolute), else None."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return rel
+
+
+def write_files(files: list, dest: Path, uid: int | None = None, gid: int | None = None) -> int:
+    """Write ``files`` under ``dest`` with their modes and modification times (ninja compares
+    them), owned by ``uid``/``gid`` when given; returns how many were written."""
+    n = 0
+    for rel, mode, mtime_ns, data in files:
+        rel = safe_relative(rel)
+        if rel is None:
+            continue
+        p = dest / rel
+        d = p.parent
+        d.mkdir(parents=True, exist_ok=True)
+        if uid is not None:
+            q = d
+            while q != dest.parent and q.is_relative_to(dest):
+                os.chown(q, uid, gid if gid is not None else uid)
+                q = q.parent
+        with open(p, "wb") as fh:
+            fh.write(data)
+        os.chmod(p, mode | 0o600)
+        if uid is not None:
+            os.chown(p, uid, gid if gid is not None else uid)
+        os.utime(p, ns=(mtime_ns, mtime_ns))
+        n += 1
+    return n
+
+
+def _seed_extensions(files: list | None, mounts: str, uid: int, gid: int) -> str:
+    """Write prebuilt extension files into this job's ``TORCH_EXTENSIONS_DIR`` (as root,
+    before the drop); what was done, for the metadata ("" when there was nothing to do)."""
+    if not files:
+        return ""
+    if mounts:
+        return f"prebuilt unused: no private /tmp ({mounts}), so the build folder's path differs"
+    try:
+        n = write_files(files, Path(EXTENSIONS_DIR), uid, gid)
+    except OSError as exc:
+        return f"prebuilt unused: {exc}"[:300]
+    return f"prebuilt ({n} files)"
 
 
 def rebase(path: str | Path, workspace: str | Path, view: str | Path) -> Path:

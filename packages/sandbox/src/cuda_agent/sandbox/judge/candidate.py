@@ -14,6 +14,8 @@ the candidate. It answers the trusted side's commands over the socket ``FD``
   (warm-up, then ``n`` calls in the compiled loop with inputs rotated by :mod:`.rotation`
   and a checksum of every call's output), and hand back the last outputs;
 * ``integrity``: what the candidate replaced of the harness (defence in depth);
+* ``prebuild``: import the candidate only, so that its extensions are built (a CPU build
+  job ahead of the GPU job, :mod:`.prebuild`);
 * ``exit``.
 
 The commands live in :mod:`.candidate_load`, :mod:`.candidate_run` and
@@ -45,12 +47,12 @@ _COMMANDS: dict[str, Callable[..., Any]] = {}
 def commands() -> dict[str, Callable[..., Any]]:
     """Command name -> handler (the handlers' modules imported here: part of the harness
     that is loaded before any candidate code)."""
-    from .candidate_load import do_drop, do_integrity, do_load, do_reseed
+    from .candidate_load import do_drop, do_integrity, do_load, do_prebuild, do_reseed
     from .candidate_run import do_run
     from .candidate_timing import do_loop, do_outputs, do_warm, do_whole
 
     return {"drop": do_drop, "load": do_load, "reseed": do_reseed, "run": do_run, "warm": do_warm, "loop": do_loop,
-            "whole": do_whole, "outputs": do_outputs, "integrity": do_integrity}
+            "whole": do_whole, "outputs": do_outputs, "integrity": do_integrity, "prebuild": do_prebuild}
 
 
 def serve(sock: socket.socket, st: CandidateState) -> int:

@@ -11,6 +11,7 @@ import importlib.machinery
 import os
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 from ..isolation import privdrop
@@ -22,13 +23,30 @@ from .precision import apply_policy, policy_from
 
 
 def do_drop(st: CandidateState, msg: dict) -> dict:
+    """Become the job's own user; with ``prebuilt`` (a folder the trusted side checked), its
+    extension files are placed in the job's ``TORCH_EXTENSIONS_DIR`` and ``arch`` becomes
+    ``TORCH_CUDA_ARCH_LIST``, as for the build (see :mod:`.prebuild`)."""
     uid = msg.get("uid")
+    files = None
+    if msg.get("prebuilt"):
+        from .prebuild import read_files
+
+        files = read_files(Path(str(msg["prebuilt"])))  # as root, before the job's private view hides it
+        if msg.get("arch"):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = str(msg["arch"])
     view, meta = privdrop.drop_privileges(msg["workspace"], bool(msg.get("enabled", True)),
-                                          uid=int(uid) if uid is not None else None)
+                                          uid=int(uid) if uid is not None else None, extensions=files)
     die_with_parent()  # a change of user clears the parent-death signal
     st.meta.update(meta)
     st.meta["view"] = str(view)
     return {"ok": True, "meta": meta, "view": str(view)}
+
+
+def do_prebuild(st: CandidateState, msg: dict) -> dict:
+    """Import the candidate only, to build its extensions (a build job; see :mod:`.prebuild`)."""
+    from .prebuild import build_in_candidate
+
+    return build_in_candidate(msg)
 
 
 def do_load(st: CandidateState, msg: dict) -> dict:

@@ -150,8 +150,9 @@ class CandidateProcess:
 
     # -- identity ---------------------------------------------------------------------
 
-    def drop(self, workspace: str, enabled: bool = True, timeout: float = 60.0) -> dict:
-        """Make the process the job's own user (when this process is root and the drop is on)."""
+    def drop(self, workspace: str, enabled: bool = True, timeout: float = 60.0, prebuilt: dict | None = None) -> dict:
+        """Make the process the job's own user (when this process is root and the drop is on);
+        ``prebuilt``: ``{"prebuilt": folder, "arch": ...}`` of extensions built ahead (:mod:`.prebuild`)."""
         from ..isolation import privdrop
 
         uid = None
@@ -160,7 +161,8 @@ class CandidateProcess:
             uid = self.identity.uid
             if self.identity.leftover_before:
                 self.isolation["killed_before_start"] = self.identity.leftover_before
-        reply = self.request({"op": "drop", "workspace": workspace, "enabled": enabled, "uid": uid}, timeout)
+        reply = self.request({"op": "drop", "workspace": workspace, "enabled": enabled, "uid": uid, **(prebuilt or {})},
+                             timeout)
         if not reply.get("ok"):
             raise CandidateProcessError(f"the candidate process could not give up its rights: {reply.get('error')}")
         meta = reply.get("meta") if isinstance(reply.get("meta"), dict) else {}

@@ -81,9 +81,33 @@ class JudgeSession:
         if self.proc is None:
             self.proc = obtain(self.device)
             self.proc.wait_ready()
-            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled))
+            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled, prebuilt=self._prebuilt()))
             self.meta.update({f"job_{k}": v for k, v in self.proc.isolation.items()})
         return self.proc
+
+    def _prebuilt(self) -> dict | None:
+        """The extensions built ahead of this job for exactly the judged candidate on this
+        device's architecture (:mod:`.prebuild`), for the candidate process; the metadata's
+        ``prebuilt`` says whether they were found."""
+        from . import prebuild
+
+        state = self.source / ".cuda_agent" / prebuild.STATE
+        if not state.exists():
+            return None
+        try:
+            arch = prebuild.arch_for(self.device)
+            key = prebuild.source_key(self.candidate.read_bytes(), arch)
+        except Exception as exc:  # noqa: BLE001
+            self.meta["prebuilt"] = f"unused: {exc}"[:300]
+            return None
+        folder, info, why = prebuild.workspace_build(self.source, key)
+        if folder is None:
+            self.meta["prebuilt"] = f"unused: {why}"
+            return None
+        self.meta["prebuilt"] = ("built ahead in {:.1f} s".format(float(info.get("seconds") or 0)) +
+                                 ("" if info.get("imported") else f"; its import without a GPU failed, so the job "
+                                  f"builds what is missing ({str(info.get('message') or '')[:300]})"))
+        return {"prebuilt": str(folder), "arch": arch}
 
     def load(self, seed: int, strict_state_dict: bool, precision: str, weights: str = "state_dict") -> Refusal | None:
         """Import the reference and the candidate in the candidate process (``weights``: see

@@ -3,7 +3,7 @@
 
 One service per workspace serves HTTP over a Unix socket at ``<ws>/.cuda_agent/service.sock``
 (:mod:`.unix_server`). A request builds a private copy of the agent's files and verifies
-and profiles it as jobs (:mod:`.service_jobs`), reusing earlier results of unchanged files;
+and profiles it through the judge's pipeline (:class:`..judge.pipeline.Judge`), reusing earlier results of unchanged files;
 every verify/profile request is recorded in :attr:`WorkspaceService.history` with a
 snapshot of the files and the results, and reported to ``on_result`` so the agent loop can
 keep candidates. The answer's text for the agent comes from :mod:`.agent_text`; the
@@ -38,7 +38,7 @@ from cuda_agent.core.types import (
 
 from ..compilers.frozen import frozen_sources, name_workspace
 from .agent_text import compile_answer, request_answer
-from .service_jobs import ServiceJobs, compile_job  # noqa: F401  (compile_job: also a job name by this module)
+from ..judge.pipeline import Judge
 from .service_options import ServiceOptions
 from .unix_server import ServiceSocket, remove_socket
 from .workspace import agent_fingerprint, agent_refusals, append_record, snapshot_files
@@ -91,6 +91,7 @@ class WorkspaceService:
         on_result: Callable[[dict], None] | None = None,
         compile_executor: Any = None,
         socket_path: str | Path | None = None,
+        pm: Any = None,
     ):
         self.workspace = workspace
         root = workspace if isinstance(workspace, (str, os.PathLike)) else getattr(workspace, "root", None)
@@ -105,7 +106,8 @@ class WorkspaceService:
         self.options.check_job_options()
         if compiler is None:
             compiler = getattr(workspace, "compiler", None)
-        self.jobs = ServiceJobs(self.root, self.options, compiler, self.backend, executor, compile_executor)
+        self.pm = pm
+        self.jobs = Judge(self.options.judge_options(), executor, compiler, self.backend, compile_executor, pm=pm)
         self.reward = self._make_reward(reward)
         self.on_result = on_result
         self.context: dict[str, Any] = {}  # merged into each history entry (e.g. the agent turn)
@@ -127,7 +129,7 @@ class WorkspaceService:
             from cuda_agent.core.plugins import get_plugin_manager
 
             spec = {"name": reward} if isinstance(reward, str) else reward
-            return get_plugin_manager().create("reward", spec, where="reward")
+            return (self.pm or get_plugin_manager()).create("reward", spec, where="reward")
         return reward
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -249,7 +251,7 @@ class WorkspaceService:
         want_profile = kind in ("profile", "evaluate")
         cached_v = c.ok and cached and cached.get("verify") is not None and cached["verify"].ok
         if want_verify and want_profile and c.ok and not cached_v and self.options.evaluate_job:
-            both = self.jobs.evaluate()
+            both = self.jobs.evaluate(self.root, job=self.options.evaluate_job)
             if both is not None:
                 outcome.verify, outcome.profile = both
                 want_verify = want_profile = False
@@ -258,13 +260,13 @@ class WorkspaceService:
                 outcome.verify = cached["verify"]
                 reused.append("verify")
             else:
-                outcome.verify = self.jobs.verify(c)
+                outcome.verify = self.jobs.verify(self.root, c)
         if want_profile and c.ok and (outcome.verify is None or outcome.verify.ok):
             if cached and cached.get("profile") is not None and cached["profile"].ok:
                 outcome.profile = cached["profile"]
                 reused.append("profile")
             else:
-                outcome.profile = self.jobs.profile()
+                outcome.profile = self.jobs.profile(self.root)
         return outcome, reused
 
     def _record(self, kind: str, t0: float, files: dict[str, str], key: str, outcome: CandidateOutcome,

@@ -10,6 +10,8 @@ from typing import Any
 
 from cuda_agent.core.errors import ConfigError
 
+from ..judge.pipeline import PROFILE_JOB, VERIFY_JOB, JudgeOptions, judge_options
+
 
 @dataclass
 class ServiceOptions:
@@ -21,8 +23,8 @@ class ServiceOptions:
     compile_in: str = "worker"  # worker (a separate, killable process) | inline
     verify_timeout: float = 120.0  # per verification job
     profile_timeout: float = 300.0  # per profiling job
-    verify_job: str = "cuda_agent.sandbox.judge.tasks:verify"
-    profile_job: str = "cuda_agent.sandbox.judge.tasks:profile"
+    verify_job: str = VERIFY_JOB
+    profile_job: str = PROFILE_JOB
     # verify+profile as one job (one worker start instead of two; a hang then costs both
     # timeouts), e.g. cuda_agent.sandbox.judge.tasks:evaluate; "" = two jobs, each with its own timeout
     evaluate_job: str = ""
@@ -59,24 +61,11 @@ class ServiceOptions:
             raise ConfigError(f"service.compile_in must be 'worker' or 'inline', got {opts.compile_in!r}")
         return opts
 
+    def judge_options(self) -> JudgeOptions:
+        """The judge's options (:class:`..judge.pipeline.JudgeOptions`) these map onto;
+        the service judges workspaces, which are built, not prebuilt."""
+        return judge_options(self, prebuild=False)
+
     def check_job_options(self) -> None:
         """Unknown verify/profile options are a config error now, not a failed job later."""
-        prefix = "cuda_agent.sandbox.judge.tasks:"
-        checks = [("verify_options", self.verify_job, "VerifyOptions", self.verify_options),
-                  ("profile_options", self.profile_job, "ProfileOptions", self.profile_options)]
-        for key, job, cls_name, opts in checks:
-            if not job.startswith(prefix) or not opts:
-                continue
-            try:
-                from ..judge import jobs
-            except ImportError:
-                return
-            from ..judge.tasks import build_options
-
-            cls = getattr(jobs, cls_name, None)
-            if cls is None or not dataclasses.is_dataclass(cls):
-                continue
-            try:
-                build_options(cls, dict(opts))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"service.{key}: {exc}") from None
+        self.judge_options().check_job_options("service")

@@ -1,0 +1,424 @@
+"""The one judge: a workspace in, a candidate outcome out.
+
+:class:`Judge` builds, verifies and profiles the candidate in a workspace, as jobs on the
+executor, and turns every job that did not return (timeout, crash, out of memory) into a
+failed result with a short reason, never an exception. Both forms of a candidate go
+through it:
+
+* a workspace (``model_new.py`` with ``kernels/``): built by the Compiler plugin in a
+  separate, killable, resource-limited worker (or on the executor's build nodes), then
+  verified and profiled;
+* a KernelBench single file (``model_new.py`` that builds its own kernels when imported):
+  its extensions are built ahead in the CPU build pool (:mod:`.prebuild`), many candidates
+  at a time, so that its GPU job only loads them.
+
+The workspace service (the agent's tools and the RL reward) and evaluation (``cuda-agent
+eval``) both use it, with :class:`JudgeOptions`. The job functions' import paths and each
+backend's default compiler are named here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.core.errors import ConfigError, CudaAgentError
+from cuda_agent.core.types import CandidateOutcome, CompileResult, FailureCategory, ProfileResult, VerifyResult
+
+from ..executors.job import Job, JobError
+
+_TASKS = "cuda_agent.sandbox.judge.tasks:"
+VERIFY_JOB = _TASKS + "verify"
+PROFILE_JOB = _TASKS + "profile"
+EVALUATE_JOB = _TASKS + "evaluate"  # verify, then profile, in one worker
+PREBUILD_JOB = _TASKS + "prebuild"  # a single file's extensions, built without a GPU
+COMPILE_JOB = f"{__name__}:compile_job"  # a workspace's build, sent to a compile executor
+
+DEFAULT_COMPILER = {"cpu": "gxx", "cuda": "cpp_extension"}
+
+
+def default_compiler(backend: str) -> str:
+    """The compiler plugin a backend uses when the config names none."""
+    return DEFAULT_COMPILER["cpu" if backend == "cpu" else "cuda"]
+
+
+def compile_job(compiler: Any, workspace: str, build_dir: str | None = None) -> CompileResult:
+    """Build ``workspace`` with ``compiler`` (a Compiler instance, or a {name, options} spec)
+    into ``build_dir`` (default: the workspace's own)."""
+    if isinstance(compiler, (dict, str)):
+        from cuda_agent.core.plugins import get_plugin_manager
+
+        compiler = get_plugin_manager().create("compiler", compiler)
+    if build_dir is None:
+        return compiler.build(Path(workspace))
+    return compiler.build(Path(workspace), Path(build_dir))
+
+
+def make_compiler(compiler: Any, backend: str, pm: Any = None) -> Any:
+    """A Compiler from an instance, a plugin name or a {name, options} spec (``None``: the
+    backend's default), made by ``pm`` (the default plugin manager when None)."""
+    if compiler is None or (isinstance(compiler, dict) and not compiler.get("name")):
+        compiler = default_compiler(backend)
+    if isinstance(compiler, (str, dict)) or hasattr(compiler, "keys"):
+        if pm is None:
+            from cuda_agent.core.plugins import get_plugin_manager
+
+            pm = get_plugin_manager()
+        spec = {"name": compiler} if isinstance(compiler, str) else compiler
+        return pm.create("compiler", spec, where="compiler")
+    return compiler
+
+
+@dataclass
+class JudgeOptions:
+    """How the judge builds, verifies and profiles (the service's and eval's options map onto these)."""
+
+    compile_timeout: float = 300.0  # seconds for one workspace build (killed with its process group after)
+    compile_memory_mb: int = 0  # address-space limit of the compile worker (0: none)
+    compile_in: str = "worker"  # worker (a separate, killable process) | inline
+    verify_timeout: float | None = 120.0  # per verification job
+    profile_timeout: float | None = 300.0  # per profiling job
+    verify_job: str = VERIFY_JOB
+    profile_job: str = PROFILE_JOB
+    evaluate_job: str = ""  # verify+profile as one job (e.g. EVALUATE_JOB); "" = two jobs
+    verify_options: dict = field(default_factory=dict)  # VerifyOptions fields
+    profile_options: dict = field(default_factory=dict)  # ProfileOptions fields
+    # single files: their extensions built in the CPU build pool before their GPU job
+    prebuild: bool = True
+    build_workers: int = 0  # parallel builds (0: the host's cores left to the GPUs' jobs, 2 per build, up to 8)
+    build_jobs: int = 2  # compiler processes per build (MAX_JOBS)
+    build_timeout: float = 600.0
+    build_arch: str = ""  # TORCH_CUDA_ARCH_LIST of the target GPU ("" = this host's first GPU, with PTX)
+    prebuilt_cache: str = ""  # where builds are kept by key ("" = <tmp>/cuda-agent-prebuilt)
+
+    def __post_init__(self) -> None:
+        if self.compile_in not in ("worker", "inline"):
+            raise ConfigError(f"compile_in must be 'worker' or 'inline', got {self.compile_in!r}")
+
+    def check_job_options(self, where: str = "service") -> None:
+        """Unknown verify/profile options are a config error now, not a failed job later."""
+        from . import jobs
+        from .tasks import build_options
+
+        checks = [("verify_options", self.verify_job, jobs.VerifyOptions, self.verify_options),
+                  ("profile_options", self.profile_job, jobs.ProfileOptions, self.profile_options)]
+        for key, job, cls, opts in checks:
+            if not job.startswith(_TASKS) or not opts:
+                continue
+            try:
+                build_options(cls, dict(opts))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}.{key}: {exc}") from None
+
+
+def judge_options(source: Any, **overrides: Any) -> JudgeOptions:
+    """JudgeOptions from the fields ``source`` (a dataclass or mapping) shares with them."""
+    data = dataclasses.asdict(source) if dataclasses.is_dataclass(source) else dict(source or {})
+    names = {f.name for f in dataclasses.fields(JudgeOptions)}
+    kw = {k: v for k, v in data.items() if k in names}
+    kw.update(overrides)
+    return JudgeOptions(**kw)
+
+
+def _default_executor(backend: str) -> Any:
+    from ..executors.local import CpuExecutor, LocalExecutor
+
+    return CpuExecutor() if backend == "cpu" else LocalExecutor()
+
+
+def auto_build_workers(o: JudgeOptions, devices: int) -> int:
+    if o.build_workers > 0:
+        return o.build_workers
+    cores = os.cpu_count() or 2
+    return max(1, min(8, (cores - 2 * max(0, devices)) // max(1, o.build_jobs)))
+
+
+class Judge:
+    """Builds, verification and profiling of candidates, each as a job.
+
+    ``executor`` runs verification and profiling (``None``: a local pool of the backend,
+    closed with this object). Workspace builds go to ``compile_executor``, else to the
+    executor's ``build_executor()`` when it has one (builds elsewhere, on the CPU nodes of
+    a cluster), else to a compile worker of our own. Single files' builds go to a CPU pool
+    of our own (``build_workers`` wide). ``pm`` makes the compiler from a spec.
+    """
+
+    def __init__(self, options: JudgeOptions | None = None, executor: Any = None, compiler: Any = None,
+                 backend: str = "cuda", compile_executor: Any = None, pm: Any = None):
+        self.options = options or JudgeOptions()
+        self.backend = backend
+        self.pm = pm
+        self._compiler_spec = compiler
+        self._compiler: Any = None
+        self._own_executor = executor is None
+        self.executor = executor if executor is not None else _default_executor(backend)
+        self._compile_pool = compile_executor
+        self._own_compile_pool = False
+        self._build_pool: Any = None
+        self._lock = threading.Lock()
+        self._arch: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the executor's workers (and the compile worker when builds run in one)."""
+        start = getattr(self.executor, "start", None)
+        if callable(start):
+            start()
+        if self.options.compile_in == "worker":
+            self.compile_executor()
+
+    def close(self) -> None:
+        """Close the pools this object made (not those it was given)."""
+        with self._lock:
+            pools = [self._build_pool] + ([self._compile_pool] if self._own_compile_pool else [])
+            self._build_pool = None
+            if self._own_compile_pool:
+                self._compile_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.close()
+        if self._own_executor and self.executor is not None:
+            self.executor.close()
+
+    # -- workspace builds ------------------------------------------------------------------
+
+    @property
+    def compiler(self) -> Any:
+        """The compiler (made on first use: single files never need one)."""
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = make_compiler(self._compiler_spec, self.backend, self.pm)
+            return self._compiler
+
+    def compile_executor(self) -> Any:
+        compiler = self.compiler
+        with self._lock:
+            if self._compile_pool is None:
+                remote = getattr(self.executor, "build_executor", None)
+                remote = remote() if callable(remote) else None
+                if remote is not None:  # the pool builds elsewhere (CPU nodes of a cluster); not ours to close
+                    self._compile_pool = remote
+                    return remote
+                from ..executors.pool import DeviceSpec, WorkerPool
+
+                self._compile_pool = WorkerPool(
+                    [DeviceSpec(label="compile", device="cpu")],
+                    name="compile",
+                    default_timeout=self.options.compile_timeout,
+                    recycle="never",
+                    spares=0,
+                    preload=[type(compiler).__module__],  # the toolchain is loaded before the first build
+                    memory_limit_mb=self.options.compile_memory_mb,
+                    start_timeout=120.0,
+                )
+                self._own_compile_pool = True
+            return self._compile_pool
+
+    def build(self, src: Path, build_dir: Path | None = None) -> CompileResult:
+        """Build the sources in ``src`` into ``build_dir`` (the workspace's own when None), in
+        the compile worker unless ``compile_in`` is ``inline``."""
+        t0 = time.monotonic()
+        if self.options.compile_in == "inline":
+            return self._build_here(src, build_dir, t0)
+        job = Job(COMPILE_JOB, {"compiler": self.compiler, "workspace": str(src),
+                                "build_dir": str(build_dir) if build_dir is not None else None},
+                  kind="compile", timeout=self.options.compile_timeout, pass_device=False, label=Path(src).name)
+        try:
+            return self.compile_executor().submit(job).result()
+        except JobError as exc:
+            if exc.reason == "invalid":  # the compiler object cannot travel to a worker: build here
+                return self._build_here(src, build_dir, t0)
+            if exc.reason == "timeout":
+                msg = f"compile {exc.message} (a template or loop too large to build?)"
+            elif exc.reason == "oom":
+                msg = f"compile ran out of memory (limit {self.options.compile_memory_mb} MB)"
+            else:
+                msg = f"compiler failed: {exc.message}"
+            return CompileResult(ok=False, errors=[msg], log=exc.details[-4000:], seconds=time.monotonic() - t0)
+
+    def _build_here(self, src: Path, build_dir: Path | None, t0: float) -> CompileResult:
+        try:
+            if build_dir is None:
+                return self.compiler.build(Path(src))
+            return self.compiler.build(Path(src), Path(build_dir))
+        except ConfigError:
+            raise
+        except CudaAgentError as exc:
+            return CompileResult(ok=False, errors=[exc.one_line()], seconds=time.monotonic() - t0)
+        except Exception as exc:  # noqa: BLE001 - a compiler plugin's bug is this candidate's failed build
+            return CompileResult(ok=False, errors=[f"{type(exc).__name__}: {exc}"[:500]], seconds=time.monotonic() - t0)
+
+    # -- single files' builds ------------------------------------------------------------------
+
+    def arch(self) -> str:
+        """``TORCH_CUDA_ARCH_LIST`` the single files are built for ("" on the CPU backend)."""
+        if self._arch is None:
+            from .prebuild import host_arch
+
+            self._arch = "" if self.backend == "cpu" else (self.options.build_arch or host_arch())
+        return self._arch
+
+    def build_workers(self) -> int:
+        """How many single files are built at once (0 when they are not built ahead)."""
+        if not self.options.prebuild:
+            return 0
+        try:
+            devices = len(self.executor.devices) if self.backend != "cpu" else 0
+        except Exception:  # noqa: BLE001
+            devices = 1
+        return auto_build_workers(self.options, devices)
+
+    def build_pool(self) -> Any:
+        with self._lock:
+            if self._build_pool is None:
+                from ..executors.local import CpuExecutor, CpuExecutorOptions
+
+                n = self.build_workers() or 1
+                self._build_pool = CpuExecutor(CpuExecutorOptions(
+                    devices=",".join(f"build{i}" for i in range(n)), timeout=self.options.build_timeout,
+                    recycle="always", spares=1, quiet_timing=False, warm_plugins=False,
+                    preload=["torch", "cuda_agent.sandbox.judge.jobs"]))
+            return self._build_pool
+
+    def prebuilt_store(self) -> Any:
+        from .prebuild import PrebuiltStore
+
+        root = self.options.prebuilt_cache or os.path.join(tempfile.gettempdir(), "cuda-agent-prebuilt")
+        return PrebuiltStore(root)
+
+    def prebuild(self, root: Path, candidate: str = "model_new.py") -> dict:
+        """Build the single file ``root/candidate``'s extensions in the build pool (once per
+        source and GPU architecture) and place them in the workspace for its GPU job; what
+        happened, for the result's metadata (``prebuild``)."""
+        from .prebuild import PrebuildResult, source_key
+
+        t0 = time.monotonic()
+        arch = self.arch()
+        if self.backend != "cpu" and not arch:
+            return {"built": "in the GPU job (no GPU architecture known here: set build_arch)"}
+        try:
+            key = source_key((Path(root) / candidate).read_bytes(), arch)
+        except OSError as exc:
+            return {"built": f"in the GPU job ({candidate} unreadable: {exc})"}
+        store = self.prebuilt_store()
+        cached = store.has(key)
+        if not cached:
+            job = Job(PREBUILD_JOB, {"workspace": str(root), "options": {
+                "arch": arch, "jobs": self.options.build_jobs, "timeout": self.options.build_timeout,
+                "candidate": candidate}}, kind="prebuild", timeout=self.options.build_timeout + 60, label=Path(root).name)
+            try:
+                res = self.build_pool().submit(job).result()
+            except JobError as exc:
+                return {"built": f"in the GPU job (the build job {exc.reason}: {exc.message})"[:500],
+                        "seconds": round(time.monotonic() - t0, 3)}
+            if not isinstance(res, PrebuildResult) or res.key != key:
+                return {"built": "in the GPU job (the build job answered nothing usable)"}
+            store.put(res)
+        info = store.manifest(key)
+        store.install(key, root)
+        out = {"built": "ahead, without a GPU" if info.get("imported") else
+               "partly ahead: the import without a GPU failed, so the GPU job builds what is missing",
+               "seconds": round(time.monotonic() - t0, 3), "build_seconds": info.get("seconds"),
+               "cached": cached, "files": info.get("files"), "arch": arch or "cpu"}
+        if not info.get("imported") and info.get("message"):
+            out["message"] = str(info["message"])[:500]
+        return out
+
+    # -- verification and profiling ---------------------------------------------------------
+
+    def _run_job(self, kind: str, fn: str, root: Path, options: dict, timeout: float | None, result: type) -> Any:
+        """The job's result, or a failed ``result`` (VerifyResult, ProfileResult) saying why it did not return."""
+        t0 = time.monotonic()
+        job = Job(fn, {"workspace": str(root), "options": dict(options)}, kind=kind, timeout=timeout,
+                  label=Path(root).name)
+        try:
+            return self.executor.submit(job).result()
+        except JobError as exc:
+            return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                          metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
+
+    def verify(self, root: Path, c: CompileResult | None = None, options: dict | None = None) -> VerifyResult:
+        """Verify the candidate in ``root`` (after the build ``c``: a failed build is a failed
+        verification, not a job)."""
+        if c is not None and not c.ok:
+            first = c.errors[0] if c.errors else "see the compile log"
+            return VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR, message=f"compile failed: {first}")
+        o = self.options
+        opts = o.verify_options if options is None else options
+        return self._run_job("verify", o.verify_job, root, opts, o.verify_timeout, VerifyResult)
+
+    def profile(self, root: Path, options: dict | None = None) -> ProfileResult:
+        o = self.options
+        opts = o.profile_options if options is None else options
+        return self._run_job("profile", o.profile_job, root, opts, o.profile_timeout, ProfileResult)
+
+    def evaluate(self, root: Path, verify_options: dict | None = None, profile_options: dict | None = None,
+                 job: str = "", split: bool = True) -> tuple[VerifyResult, ProfileResult | None] | None:
+        """Verify + profile as one job (``job``, default ``evaluate_job`` or the built-in one).
+        When it does not return: None with ``split`` (two jobs then tell which step failed),
+        else a failed verification saying why."""
+        o = self.options
+        timeout = o.verify_timeout + o.profile_timeout if o.verify_timeout and o.profile_timeout else None
+        j = Job(job or o.evaluate_job or EVALUATE_JOB, {
+            "workspace": str(root),
+            "verify_options": dict(o.verify_options if verify_options is None else verify_options),
+            "profile_options": dict(o.profile_options if profile_options is None else profile_options)},
+            kind="evaluate", timeout=timeout, label=Path(root).name)
+        t0 = time.monotonic()
+        try:
+            v, p = self.executor.submit(j).result()
+        except JobError as exc:
+            if split:
+                return None
+            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                                metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]}), None
+        return v, p
+
+    # -- the whole pipeline ---------------------------------------------------------------------
+
+    def job_options(self, single_file: bool) -> tuple[dict, dict]:
+        """The verification and profiling jobs' options for a candidate of this form: a
+        single file gets KernelBench's weight protocol unless the options name one."""
+        v, p = dict(self.options.verify_options), dict(self.options.profile_options)
+        if single_file:
+            v.setdefault("weights", "auto")
+            p.setdefault("weights", "auto")
+        return v, p
+
+    def judge(self, root: Path, single_file: bool = False, profile: bool = True, one_job: bool = True) -> CandidateOutcome:
+        """Build, verify and (when correct, and ``profile``) profile the candidate in ``root``:
+        a workspace (built first) or a single file (``single_file``: its extensions built
+        ahead when ``prebuild`` is on). ``one_job``: verify and profile in one job."""
+        root = Path(root)
+        outcome = CandidateOutcome()
+        info = None
+        if not single_file:
+            outcome.compile = self.build(root)
+            if not outcome.compile.ok:
+                return outcome
+        elif self.options.prebuild:
+            info = self.prebuild(root)
+        vopts, popts = self.job_options(single_file)
+        both = self.evaluate(root, vopts, popts, split=False) if one_job and profile else None
+        if both is not None:
+            outcome.verify, outcome.profile = both
+        else:
+            outcome.verify = self.verify(root, outcome.compile, vopts)
+            if outcome.verify.ok and profile:
+                outcome.profile = self.profile(root, popts)
+        if info is not None:
+            for r in (outcome.verify, outcome.profile):
+                if r is not None and isinstance(r.metadata, dict):
+                    r.metadata["prebuild"] = dict(info)
+        return outcome
+
+
+__all__ = ["COMPILE_JOB", "DEFAULT_COMPILER", "EVALUATE_JOB", "Judge", "JudgeOptions", "PREBUILD_JOB",
+           "PROFILE_JOB", "VERIFY_JOB", "compile_job", "default_compiler", "judge_options", "make_compiler"]
