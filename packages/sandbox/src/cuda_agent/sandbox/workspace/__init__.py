@@ -2,12 +2,14 @@
 
 * :mod:`.workspace` -- the workspace folder (template, read-only files, snapshots, history);
 * :mod:`.service` -- the service the tool scripts talk to (compile, verify, profile): what
-  each request does; its options in :mod:`.service_options`, its steps as jobs in
-  :mod:`.service_jobs`, its socket in :mod:`.unix_server`, the text the agent reads back in
+  each request does (its steps through :class:`..judge.pipeline.Judge`); its options in
+  :mod:`.service_options`, its socket in :mod:`.unix_server`, the text the agent reads back in
   :mod:`.agent_text`;
 * :mod:`.environment` -- ``CudaEnvironment``, the agent loop's environment for CUDA tasks;
 * :mod:`.episodes` -- episodes for trainers outside cuda-agent (TRL, OpenEnv, verl adapters);
 * :mod:`.optimize` -- ``cuda-agent optimize`` and ``cuda-agent demo``;
+* :mod:`.solution` -- a run's ``best/`` as a folder that stands on its own, and
+  ``cuda-agent verify`` / ``cuda-agent profile``, which re-check one with no service running;
 * :mod:`.modelcheck` -- a task's ``model.py`` run once, without rights, before an episode;
 * :mod:`.runtime_loader` -- copied into every workspace as ``cuda_agent_runtime.py``.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SUBMODULES = ("workspace", "service", "service_options", "service_jobs", "unix_server", "agent_text",
+SUBMODULES = ("workspace", "service", "service_options", "unix_server", "agent_text", "solution",
               "environment", "episodes", "optimize", "modelcheck", "runtime_loader")
 
 
