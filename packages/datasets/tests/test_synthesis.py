@@ -258,11 +258,16 @@ def test_cli_synthesize_list_and_validate(tmp_path, kb_root, capsys):
     assert "2 bad tasks (--strict)" in capsys.readouterr().err
 
 
-def test_cli_errors_are_one_line(capsys, monkeypatch):
+def test_cli_errors_are_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_AGENT_KERNELBENCH", raising=False)
     assert main(["data", "list"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no KernelBench location") and "\n" not in err
+    assert "github.com/ScalingIntelligence/KernelBench" in err and "KernelBench/ folder" in err
+    for bad in (tmp_path / "missing", tmp_path):  # a path that is not there, a folder without levels
+        assert main(["data", "list", f"dataset.options.root={bad}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "github.com/ScalingIntelligence/KernelBench" in err, err
 
 
 WHOAMI = model_code("pass", "import os\n        assert os.geteuid() != 0, 'task code ran as root'\n        return x")

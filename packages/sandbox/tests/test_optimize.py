@@ -20,8 +20,10 @@ needs_jobs = pytest.mark.skipif(
 @needs_jobs
 def test_demo_ends_with_a_verified_speedup(tmp_path, capfd):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--quiet"]) == 0
-    printed = capfd.readouterr().out
+    assert main(["demo", "--out", str(out)]) == 0
+    captured = capfd.readouterr()
+    printed = captured.out
+    progress = [ln for ln in captured.err.splitlines() if ln.startswith("turn ")]
     rep = json.loads((out / "report.json").read_text())
     assert rep["verified"] and rep["finish_reason"] == "done"
     assert rep["speedup_vs_eager"] is not None and rep["speedup_vs_compile"] is not None
@@ -37,6 +39,13 @@ def test_demo_ends_with_a_verified_speedup(tmp_path, capfd):
             f"{rep['speedup_vs_compile']:.2f}x against torch.compile.**") in (out / "report.md").read_text()
     transcript = (out / "transcript.md").read_text()
     assert "python tools/profile.py" in transcript and "## Candidates" in transcript
+    # the progress line numbers turns as the transcript and the report do
+    last = int(progress[-1].split()[1])
+    assert f"## Turn {last} " in transcript and f"## Turn {last + 1} " not in transcript
+    assert f"turn {rep['best_turn']} (" in "\n".join(progress) and f"best version | turn {rep['best_turn']}:" in report_md
+    # the profile after a verification of the same files ran its timing: only the verdict was reused
+    assert "that verdict reused, the timing ran now" in transcript
+    assert "(files unchanged since the last run: result reused)" not in transcript
     [traj] = list(TrajectoryStore(out / "trajectories.jsonl"))
     assert traj.best is not None and traj.reward.value >= 1
     errors = [r.content[:300] for t in traj.turns for r in t.tool_results if not r.ok]

@@ -55,15 +55,17 @@ class TaskDataset(Dataset):
         return len(self.select())
 
 
-def resolve_path(value: str | None, env_var: str, what: str, option: str) -> Path:
-    """A path from an option, else from an environment variable, else a one-line error."""
+def resolve_path(value: str | None, env_var: str, what: str, option: str, hint: str = "") -> Path:
+    """A path from an option, else from an environment variable, else a one-line error
+    (ending with ``hint``: where to get the data, when given)."""
     raw = value or os.environ.get(env_var)
+    tail = f"; {hint}" if hint else ""
     if not raw:
         raise ConfigError(
-            f"no {what} location: set {option}=<path> or the environment variable {env_var}"
+            f"no {what} location: set {option}=<path> or the environment variable {env_var}{tail}"
         )
     path = Path(os.path.expanduser(str(raw)))
     if not path.exists():
         src = option if value else env_var
-        raise ConfigError(f"{what} not found at {path} (from {src})")
+        raise ConfigError(f"{what} not found at {path} (from {src}){tail}")
     return path

@@ -18,6 +18,8 @@ from .base import TaskDataset, resolve_path
 from .selection import SelectionOptions
 
 ENV_VAR = "CUDA_AGENT_KERNELBENCH"
+WHERE_TO_GET = ("get it with `git clone https://github.com/ScalingIntelligence/KernelBench` and point at the "
+                "clone's KernelBench/ folder (the one holding level1/, level2/, level3/)")
 _FILE_RE = re.compile(r"^(\d+)_(.+)\.py$")
 
 
@@ -41,7 +43,7 @@ def find_level_dirs(root: Path) -> dict[int, Path]:
 def read_kernelbench(root: Path) -> list[Task]:
     levels = find_level_dirs(root)
     if not levels:
-        raise ConfigError(f"{root} holds no level1/, level2/, level3/ folders (KernelBench layout)")
+        raise ConfigError(f"{root} holds no level1/, level2/, level3/ folders (KernelBench layout); {WHERE_TO_GET}")
     tasks = []
     for level, d in sorted(levels.items()):
         entries = []
@@ -72,7 +74,7 @@ class KernelBenchDataset(TaskDataset):
     splits = ("test",)
 
     def root(self) -> Path:
-        return resolve_path(self.options.root, ENV_VAR, "KernelBench", "dataset.options.root")
+        return resolve_path(self.options.root, ENV_VAR, "KernelBench", "dataset.options.root", WHERE_TO_GET)
 
     def load(self) -> list[Task]:
         return read_kernelbench(self.root())

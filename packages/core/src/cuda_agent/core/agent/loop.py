@@ -128,6 +128,13 @@ def _openai_call(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": args}}
 
 
+def _call_detail(call: ToolCall) -> str:
+    """A short reminder of what a tool call does, for progress displays (a bash command, a path)."""
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    detail = args.get("command") or args.get("path") or args.get("pattern") or ""
+    return " ".join(str(detail).split())[:80]
+
+
 def _is_done(text: str, marker: str) -> bool:
     if not marker:
         return False
@@ -276,6 +283,7 @@ class _Runner:
                     self.emit(type="end_turn", turn=index, tool=None, best=self.best_speedup())
                     break
                 for call in calls:
+                    self.emit(type="tool_start", turn=index, tool=call.name, detail=_call_detail(call))
                     result = await self.run_tool(call, index)
                     turn.tool_results.append(result)
                     messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
@@ -346,7 +354,7 @@ async def run_episode(
     "no_tool_call" (an answer without tool calls: a refusal or a plain stop), "max_turns",
     "context" (context budget spent), "error" (the policy gave an unusable answer) or
     "infra_error" (the policy endpoint failed after its retries: no result, and no reward).
-    ``on_event(dict)`` receives progress events (type: turn, tool, candidate, end_turn, end).
+    ``on_event(dict)`` receives progress events (type: turn, tool_start, tool, candidate, end_turn, end).
     ``pm``: the plugin manager whose ``check_tool_call`` hook is asked before each tool call
     (default: the environment's ``pm``, else the process-wide one). The environment is not
     closed here.

@@ -106,7 +106,7 @@ class SynthesisOptions:
 
 
 def kernelbench_refs(opts: SynthesisOptions, fallback_root: str | None = None) -> list[tuple[str, list[str]]]:
-    from ..kernelbench import read_kernelbench
+    from ..kernelbench import WHERE_TO_GET, read_kernelbench
     from .similarity import structure_tokens
 
     d = opts.decontamination
@@ -116,11 +116,11 @@ def kernelbench_refs(opts: SynthesisOptions, fallback_root: str | None = None) -
     if not root:
         raise ConfigError(
             "decontamination needs KernelBench: set synthesis.decontamination.kernelbench_root=<path> "
-            f"or ${KERNELBENCH_ENV} (or synthesis.decontamination.enabled=false)"
+            f"or ${KERNELBENCH_ENV} (or synthesis.decontamination.enabled=false); {WHERE_TO_GET}"
         )
     path = Path(os.path.expanduser(root))
     if not path.exists():
-        raise ConfigError(f"KernelBench not found at {path}")
+        raise ConfigError(f"KernelBench not found at {path}; {WHERE_TO_GET}")
     return [(t.id, structure_tokens(t.code)) for t in read_kernelbench(path)]
 
 

@@ -121,6 +121,15 @@ def compile_answer(c: CompileResult) -> dict:
             "text": compile_text(c), "result": to_jsonable(c)}
 
 
+def reuse_note(endpoint: str, reused: list[str]) -> str:
+    """What of a request's answer came from an earlier run of the same files ("" when nothing did)."""
+    if not reused:
+        return ""
+    if endpoint == "verify" or "profile" in reused:
+        return "\n(files unchanged since the last run: result reused)"
+    return "\n(files unchanged since they were verified: that verdict reused, the timing ran now)"
+
+
 def request_answer(endpoint: str, entry: dict) -> dict:
     """The answer to ``/verify``, ``/profile`` or ``/evaluate`` from the request's history entry."""
     out: CandidateOutcome = entry["outcome"]
@@ -140,7 +149,6 @@ def request_answer(endpoint: str, entry: dict) -> dict:
         if endpoint == "evaluate" and out.verify is not None and out.verify.ok:
             text = verify_text(out.verify) + "\n" + text
         result = to_jsonable(out)
-    if "verify" in entry["reused"] or "profile" in entry["reused"]:
-        text += "\n(files unchanged since the last run: result reused)"
+    text += reuse_note(endpoint, entry["reused"])
     return {"ok": ok, "kind": endpoint, "exit_code": 0 if ok else 1, "text": text, "result": result,
             "reward": to_jsonable(reward) if reward is not None else None}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from dataclasses import fields
 from importlib import resources
@@ -43,56 +44,100 @@ DEMOS = {
 
 
 class Progress:
-    """One updating status line (turn, last tool, best speedup so far) on a terminal;
-    one line per turn otherwise."""
+    """One updating status line (turn, the tool running or last run, best speedup so far) on a
+    terminal, refreshed every second while a tool runs; one line per tool call otherwise, and
+    a "still running" line every ``every`` seconds of a long one (a first profile measures the
+    baselines). Turns are numbered as in the report and the transcript (from 0)."""
 
-    def __init__(self, max_turns: int, stream: Any = None, enabled: bool = True):
+    def __init__(self, max_turns: int, stream: Any = None, enabled: bool = True, every: float = 15.0):
         self.max_turns = max_turns
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every = every
         self.t0 = time.monotonic()
         self.turn = 0
         self.tool = "-"
+        self.running: tuple[str, str, float] | None = None  # tool, what it does, since
         self.best: float | None = None
         self.candidates = 0
         self.correct = 0
         self._width = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def line(self) -> str:
-        el = int(time.monotonic() - self.t0)
+        now = time.monotonic()
+        el = int(now - self.t0)
         best = f"{self.best:.2f}x vs compile" if self.best is not None else (
             "correct, not profiled" if self.correct else "none yet")
-        return (f"turn {self.turn + 1}/{self.max_turns} | last tool: {self.tool} | verified: {self.correct}/"
+        if self.running is not None:
+            tool, detail, since = self.running
+            doing = f"running: {tool}" + (f" `{detail}`" if detail else "") + f" ({int(now - since)} s)"
+        else:
+            doing = f"last tool: {self.tool}"
+        return (f"turn {self.turn} ({self.turn + 1} of {self.max_turns}) | {doing} | verified: {self.correct}/"
                 f"{self.candidates} | best: {best} | {el // 60:d}:{el % 60:02d}")
 
     def __call__(self, event: dict) -> None:
         kind = event.get("type")
-        if kind == "turn":
-            self.turn = event["turn"]
-        elif kind == "tool":
-            self.tool = event.get("tool") or "-"
-        elif kind == "candidate":
-            self.candidates += 1
-            self.correct += 1 if event.get("correct") else 0
-        if "best" in event:
-            self.best = event["best"]
-        if not self.enabled:
+        with self._lock:
+            if kind == "turn":
+                self.turn = event["turn"]
+            elif kind == "tool_start":
+                self.running = (event.get("tool") or "-", event.get("detail") or "", time.monotonic())
+            elif kind == "tool":
+                self.tool = event.get("tool") or "-"
+                self.running = None
+            elif kind == "candidate":
+                self.candidates += 1
+                self.correct += 1 if event.get("correct") else 0
+            if "best" in event:
+                self.best = event["best"]
+            if not self.enabled:
+                return
+            if self.tty:
+                self._draw()
+            elif kind in ("tool", "candidate", "end"):
+                self._write(self.line() + "\n")
+        if kind == "tool_start":
+            self._start_ticker()
+
+    def _draw(self) -> None:
+        text = self.line()
+        pad = max(0, self._width - len(text))
+        self._width = len(text)
+        self._write("\r" + text + " " * pad)
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def _start_ticker(self) -> None:
+        if not self.enabled or self._ticker is not None:
             return
-        if self.tty:
-            text = self.line()
-            pad = max(0, self._width - len(text))
-            self._width = len(text)
-            self.stream.write("\r" + text + " " * pad)
-            self.stream.flush()
-        elif kind in ("tool", "candidate", "end"):
-            self.stream.write(self.line() + "\n")
-            self.stream.flush()
+        self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        period = 1.0 if self.tty else self.every
+        while not self._wake.wait(period):
+            with self._lock:
+                if self.running is None:
+                    continue
+                if self.tty:
+                    self._draw()
+                elif time.monotonic() - self.running[2] >= period:
+                    self._write(self.line().replace("running:", "still running:", 1) + "\n")
 
     def close(self) -> None:
+        self._wake.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
         if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+            self._write("\n")
 
 
 # --- reports ------------------------------------------------------------------------------
