@@ -1,0 +1,255 @@
+"""Benchmark of the judge's throughput on single-file solutions: builds inside the GPU job
+(the old path) against builds ahead in the CPU build pool (the new one), side by side.
+
+N KernelBench single-file solutions, each building its own CUDA extension with
+``load_inline`` when imported, are scored through the sandbox's judge exactly as
+``cuda-agent eval --solutions`` scores them (a fresh workspace per solution, the
+solution installed, one verify+profile job per candidate on the GPU executor, as many
+candidates in flight as eval would run). L1 solutions are hand-written activation
+kernels; L2 solutions keep the task's PyTorch layers and end in a CUDA epilogue kernel.
+The baselines of every task are measured first and cached, so neither path pays for them.
+
+Prints, per path: candidates per minute per GPU, the GPU-busy fraction (time inside GPU
+jobs over wall time) and per-phase medians (build, load, verify, profile, waiting), then
+whether every verdict agrees between the paths and how far the speedups moved.
+
+    python3 scripts/gpu/bench_judge_throughput.py                 # 12 solutions, both paths
+    python3 scripts/gpu/bench_judge_throughput.py --n 24 --paths new
+
+KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the solutions and a
+JSON of every candidate's numbers are written there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# L1 activations: the kernel's expression of v (and the ModelNew parameter p, its default)
+ACTIVATIONS = {
+    "19_ReLU": ("fmaxf(v, 0.f)", 0.0),
+    "20_LeakyReLU": ("v > 0.f ? v : v * p", 0.01),
+    "21_Sigmoid": ("1.f / (1.f + expf(-v))", 0.0),
+    "22_Tanh": ("tanhf(v)", 0.0),
+    "25_Swish": ("v / (1.f + expf(-v))", 0.0),
+    "26_GELU_": ("0.5f * v * (1.f + erff(v * 0.70710678118654752f))", 0.0),
+    "27_SELU_": ("1.0507009873554805f * (v > 0.f ? v : 1.6732632423543772f * (expf(v) - 1.f))", 0.0),
+    "28_HardSigmoid": ("fminf(fmaxf(v / 6.f + 0.5f, 0.f), 1.f)", 0.0),
+    "29_Softplus": ("v > 20.f ? v : log1pf(expf(v))", 0.0),
+    "30_Softsign": ("v / (1.f + fabsf(v))", 0.0),
+    "31_ELU": ("v > 0.f ? v : p * (expf(v) - 1.f)", 1.0),
+    "32_HardTanh": ("fminf(fmaxf(v, -1.f), 1.f)", 0.0),
+}
+L2_TASKS = ["12_Gemm_Multiply_LeakyReLU", "1_Conv2D_ReLU_BiasAdd", "14_Gemm_Divide_Sum_Scaling",
+            "25_Conv2d_Min_Tanh_Tanh", "29_Matmul_Mish_Mish", "32_Conv2d_Scaling_Min",
+            "30_Gemm_GroupNorm_Hardtanh", "31_Conv2d_Min_Add_Multiply", "33_Gemm_Scale_BatchNorm",
+            "22_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish", "17_Conv2d_InstanceNorm_Divide",
+            "21_Conv2d_Add_Scale_Sigmoid_GroupNorm"]
+
+_KERNEL = r'''
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void {name}_kernel(const float* __restrict__ x, float* __restrict__ y, long n, float p) {{
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{
+        float v = x[i];
+        y[i] = {expr};
+    }}
+}}
+
+torch::Tensor {name}(torch::Tensor x, double p) {{
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat, "float32 CUDA tensor expected");
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    int threads = 256;
+    long blocks = std::min<long>((n + threads - 1) / threads, 132L * 32);
+    {name}_kernel<<<(int)blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), y.data_ptr<float>(), n, (float)p);
+    return y;
+}}
+'''
+
+
+def _ext(name: str, expr: str) -> str:
+    src = _KERNEL.format(name=name, expr=expr)
+    return (f"_CUDA = r'''{src}'''\n"
+            f"_ext = load_inline(name={name!r}, cpp_sources='torch::Tensor {name}(torch::Tensor x, double p);',\n"
+            f"                   cuda_sources=_CUDA, functions=[{name!r}], extra_cuda_cflags=['-O3'])\n")
+
+
+def l1_solution(stem: str) -> str:
+    expr, default = ACTIVATIONS[stem]
+    name = "kb1_" + stem.split("_", 1)[1].lower().rstrip("_")
+    return ("import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n\n" + _ext(name, expr) +
+            f"\n\nclass ModelNew(nn.Module):\n    def __init__(self, p: float = {default!r}):\n        super().__init__()\n"
+            f"        self.p = float(p)\n\n    def forward(self, x):\n        return _ext.{name}(x.contiguous(), self.p)\n")
+
+
+def l2_solution(stem: str, task_code: str) -> str:
+    name = "kb2_" + stem.split("_", 1)[0]
+    base = task_code.replace("class Model(", "class _Layers(").replace("super(Model, self)", "super(_Layers, self)")
+    return (base.rstrip() + "\n\nfrom torch.utils.cpp_extension import load_inline\n\n" + _ext(name, "v") +
+            f"\n\nclass ModelNew(_Layers):\n    \"\"\"The task's layers, then a CUDA epilogue kernel.\"\"\"\n\n"
+            f"    def forward(self, *args):\n        out = super().forward(*args)\n"
+            f"        return _ext.{name}(out.contiguous(), 0.0)\n")
+
+
+def find_root(arg: str | None) -> Path:
+    for cand in (arg, os.environ.get("CUDA_AGENT_KERNELBENCH"), REPO / "kb", REPO / "shared" / "kernelbench"):
+        if cand and (Path(cand) / "level1").is_dir():
+            return Path(cand).resolve()
+    sys.exit("KernelBench not found: pass --root or set CUDA_AGENT_KERNELBENCH")
+
+
+def pick(root: Path, n: int) -> list[tuple[object, str]]:
+    from cuda_agent.core.plugins import get_plugin_manager
+
+    tasks = {t.id: t for t in get_plugin_manager().create("dataset", {"name": "kernelbench", "options": {"root": str(root)}}).tasks()}
+    l1 = [(tasks[f"L1/{s}"], l1_solution(s)) for s in ACTIVATIONS if f"L1/{s}" in tasks]
+    l2 = [(tasks[f"L2/{s}"], l2_solution(s, tasks[f"L2/{s}"].code)) for s in L2_TASKS if f"L2/{s}" in tasks]
+    out = []
+    while len(out) < n and (l1 or l2):  # alternate the levels
+        for group in (l1, l2):
+            if group and len(out) < n:
+                out.append(group.pop(0))
+    return out
+
+
+def warm_baselines(executor, items, work: Path) -> float:
+    """Every task's baselines measured and cached (a profiling job of the reference itself)."""
+    from cuda_agent.evaluation.scoring import make_workspace
+    from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions
+
+    t0 = time.perf_counter()
+    judge = Judge(JudgeOptions(prebuild=False, verify_options={"rules": "none"}), executor, backend="cuda")
+    for task, _ in items:
+        root = make_workspace(task, work / "warm" / task.id.replace("/", "_"), "cuda")
+        (root / "model_new.py").write_text(task.code + "\n\nclass ModelNew(Model):\n    pass\n")
+        out = judge.judge(root, single_file=True)
+        p = out.profile
+        print(f"  baselines {task.id}: {'ok' if p is not None and p.ok else (out.verify.message if out.verify else '?')[:120]}",
+              flush=True)
+    return time.perf_counter() - t0
+
+
+def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules: str) -> dict:
+    from cuda_agent.evaluation.scoring import make_workspace, remove_workspace
+    from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions
+
+    tag = "new" if prebuild else "old"
+    opts = JudgeOptions(prebuild=prebuild, build_workers=build_workers, verify_timeout=300.0, profile_timeout=600.0,
+                        prebuilt_cache=str(work / f"prebuilt-{tag}"), verify_options={"rules": rules})
+    judge = Judge(opts, executor, backend="cuda")
+    devices = max(1, len(executor.devices))
+    workers = 2 * devices + (judge.build_workers() if prebuild else 0)  # as cuda-agent eval runs them
+    rows, lock = [], threading.Lock()
+    t_start = time.perf_counter()
+
+    def one(item) -> None:
+        task, code = item
+        t0 = time.perf_counter()
+        root = make_workspace(task, work / tag / task.id.replace("/", "_"), "cuda")
+        (root / "model_new.py").write_text(code)
+        out = judge.judge(root, single_file=True)
+        wall = time.perf_counter() - t0
+        v, p = out.verify, out.profile
+        info = (v.metadata or {}).get("prebuild") or {}
+        phases = (v.metadata or {}).get("phase_seconds") or {}
+        row = {"task": task.id, "ok": bool(v and v.ok), "failure": v.failure.value if v else "?",
+               "message": (v.message if v and not v.ok else (p.message if p and not p.ok else ""))[:300],
+               "profiled": bool(p and p.ok), "wall": wall, "build": float(info.get("build_seconds") or 0.0),
+               "build_step": float(info.get("seconds") or 0.0), "built": info.get("built", "in the GPU job"),
+               "load": float(phases.get("load") or 0.0), "verify": float(v.seconds if v else 0.0),
+               "profile": float(p.seconds if p else 0.0),
+               "speedup_vs_eager": p.speedup_vs_eager() if p and p.ok else None,
+               "speedup_vs_compile": p.speedup_vs_compile() if p and p.ok else None,
+               "prebuilt": (v.metadata or {}).get("prebuilt", ""), "extensions": (v.metadata or {}).get("extensions", "")}
+        row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
+        with lock:
+            rows.append(row)
+        sp = "" if row["speedup_vs_eager"] is None else f"{row['speedup_vs_eager']:.2f}x eager "
+        print(f"  [{tag}] {task.id}: {'correct' if row['ok'] else row['failure']} {sp}wall {wall:.1f}s "
+              f"build {row['build']:.1f}s load {row['load']:.1f}s verify {row['verify']:.1f}s "
+              f"profile {row['profile']:.1f}s {row['message'][:100]}", flush=True)
+        remove_workspace(root)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, items))
+    wall = time.perf_counter() - t_start
+    judge.close()
+    busy = sum(r["verify"] + r["profile"] for r in rows)
+    return {"path": tag, "rows": rows, "wall": wall, "workers": workers, "devices": devices,
+            "per_min_per_gpu": len(rows) / wall * 60 / devices, "gpu_busy": busy / (wall * devices)}
+
+
+def med(rows, key) -> float:
+    xs = [r[key] for r in rows]
+    return statistics.median(xs) if xs else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--paths", default="old,new")
+    ap.add_argument("--root")
+    ap.add_argument("--rules", default="kernelbench")
+    ap.add_argument("--build-workers", type=int, default=0)
+    ap.add_argument("--no-warm", action="store_true", help="do not measure the baselines first")
+    args = ap.parse_args()
+    root = find_root(args.root)
+    items = pick(root, args.n)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    if out_dir:
+        sol = out_dir / "bench_judge_solutions"
+        for task, code in items:
+            (sol / f"level{task.level}").mkdir(parents=True, exist_ok=True)
+            (sol / f"level{task.level}" / (task.id.split("/", 1)[1] + ".py")).write_text(code)
+    from cuda_agent.sandbox.executors.local import LocalExecutor
+
+    work = Path(tempfile.mkdtemp(prefix="bench-judge-"))
+    os.chmod(work, 0o755)
+    executor = LocalExecutor()
+    executor.start()
+    try:
+        warm = 0.0 if args.no_warm else warm_baselines(executor, items, work)
+        print(f"baselines measured and cached in {warm:.0f} s", flush=True)
+        runs = [score(executor, items, work, p == "new", args.build_workers, args.rules)
+                for p in args.paths.split(",") if p in ("old", "new")]
+    finally:
+        executor.close()
+    print(f"\nJudge throughput, {len(items)} single-file solutions (KernelBench L1/L2), rules {args.rules}")
+    print("| path | candidates | wall s | in flight | cand/min/GPU | GPU busy | build | load | verify | profile | waiting |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in runs:
+        rows = r["rows"]
+        print(f"| {r['path']} ({'build in the GPU job' if r['path'] == 'old' else 'built ahead on CPUs'}) | {len(rows)} | "
+              f"{r['wall']:.0f} | {r['workers']} | {r['per_min_per_gpu']:.2f} | {r['gpu_busy']:.0%} | "
+              f"{med(rows, 'build'):.1f} | {med(rows, 'load'):.1f} | {med(rows, 'verify'):.1f} | {med(rows, 'profile'):.1f} | "
+              f"{med(rows, 'waiting'):.1f} |")
+    if len(runs) == 2:
+        a = {x["task"]: x for x in runs[0]["rows"]}
+        b = {x["task"]: x for x in runs[1]["rows"]}
+        same = [t for t in a if t in b and (a[t]["ok"], a[t]["failure"]) == (b[t]["ok"], b[t]["failure"])]
+        ratios = [b[t]["speedup_vs_eager"] / a[t]["speedup_vs_eager"] for t in same
+                  if a[t]["speedup_vs_eager"] and b[t]["speedup_vs_eager"]]
+        print(f"\nverdicts equal: {len(same)}/{len(a)}; speedup vs eager new/old: median "
+              f"{statistics.median(ratios) if ratios else float('nan'):.3f}, range "
+              f"{min(ratios) if ratios else float('nan'):.3f}-{max(ratios) if ratios else float('nan'):.3f}; "
+              f"throughput new/old {runs[1]['per_min_per_gpu'] / max(1e-9, runs[0]['per_min_per_gpu']):.2f}x")
+    if out_dir:
+        (out_dir / "bench_judge_throughput.json").write_text(json.dumps({"runs": runs, "warm_seconds": warm}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
