@@ -7,24 +7,45 @@ import click
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1)
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--no-progress", is_flag=True, help="No rollout progress bar (the per-step lines stay).")
 def train_cmd(args: tuple[str, ...], no_progress: bool) -> None:
     """Train: run the stages of trainer.stages (files and key=value overrides, e.g. configs/toy.yaml).
 
-    Resume a killed run with run.resume=<run folder>.
+    Prints one line per step and a first-to-last summary, and writes the reward curve
+    (reward.html, reward.png with matplotlib) into the run folder. Resume a killed run with
+    run.resume=<run folder>.
     """
     from cuda_agent.core.cli import split_args
     from cuda_agent.core.config import compose
     from cuda_agent.core.run import Run
 
+    from .console import StepPrinter, load_steps, quiet_third_party_bars, summary, write_reward_plot
+    from .engine import rank
     from .stages import StageRunner, validate
 
     files, overrides = split_args(args)
     cfg = compose(files, overrides)
     validate(cfg)
+    quiet_third_party_bars()
+    main = rank() == 0
     with Run(cfg, command="train") as run:
-        click.echo(f"run folder: {run.dir}")
-        history = StageRunner(cfg, run, show_progress=not no_progress).run_all()
-        if history:
-            last = history[-1]
-            click.echo(f"done: {len(history)} steps; last reward/mean={last.get('reward/mean', float('nan')):.4g}")
+        if main:
+            click.echo(f"run folder: {run.dir}")
+        runner = StageRunner(cfg, run, show_progress=not no_progress)
+        printer = StepPrinter([s.name for s in runner.stages], echo=click.echo, main=main)
+        name = f"console-{run.id}"
+        run.pm.attach(printer, name)
+        try:
+            history = runner.run_all()
+        finally:
+            run.pm.detach(name)
+        if not main:
+            return
+        steps = load_steps(run.dir, history)
+        for line in summary(steps):
+            click.echo(line)
+        plot = write_reward_plot(steps, run.dir, title=f"{cfg.run.name}: {run.dir}")
+        if plot is not None:
+            click.echo(f"reward curve: {plot}")
+        if not history:
+            click.echo("nothing to do: every stage was already complete")
