@@ -2,18 +2,11 @@
 
 The server is :mod:`cuda_agent.core.policies.hf_server` on the tiny offline model: it speaks
 the token-level part of vLLM's API and loads weights through the same worker extension a
-vLLM server is started with. The run against a real vLLM server is behind the ``vllm`` marker.
+vLLM server is started with. Real ``vllm serve`` processes: ``packages/trainer/tests/test_vllm_servers.py``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import time
-
-import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -155,40 +148,6 @@ def test_weight_files_round_trip_tied_weights(tmp_path):
     assert torch.equal(got["lm_head.weight"], shared) and torch.equal(got["b"], torch.ones(2))
     with pytest.raises(ValueError, match="no weights"):
         write_weights([], tmp_path, 2)
-
-
-@pytest.mark.vllm
-def test_real_vllm_server(tiny, tmp_path):
-    """A real ``vllm serve`` of the tiny model: generation and a weight update through the extension."""
-    pytest.importorskip("vllm")
-    if shutil.which("vllm") is None:
-        pytest.skip("the vllm command is not installed")
-    port = 8765
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny),
-                             "--port", str(port), "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-                             "--worker-extension-cls", "cuda_agent.core.policies.weight_sync:WeightSyncExtension",
-                             "--logprobs-mode", "processed_logprobs"], env=env)
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        pol = client(tiny, [f"http://127.0.0.1:{port}/v1"], tmp_path)
-        prompt = pol.tokenizer.encode(PROMPT, add_special_tokens=False)
-        trained = HFPolicy(HFPolicy.Options(model=str(tiny)))
-        with torch.no_grad():
-            for p in trained.model.parameters():
-                p.add_(torch.randn_like(p) * 0.5)
-        assert pol.update_weights(iter(trained.model.state_dict().items())) > 0
-        ids, lps, _ = run(pol.generate(prompt, {"max_tokens": 16, "temperature": 1.0}))
-        assert trained.score(prompt + ids, len(prompt), 1.0) == pytest.approx(lps, abs=2e-2)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def test_config_fragment_composes_into_a_working_policy(server, tiny):

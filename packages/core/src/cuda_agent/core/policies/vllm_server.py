@@ -11,7 +11,7 @@ system) and asks each server to load them through ``POST /collective_rpc``, then
 servers' prefix caches. Start each server so that it accepts this::
 
     VLLM_SERVER_DEV_MODE=1 vllm serve <model folder> --port 8000 \\
-        --worker-extension-cls cuda_agent.core.policies.weight_sync:WeightSyncExtension \\
+        --worker-extension-cls cuda_agent.core.policies.weight_sync.WeightSyncExtension \\
         --logprobs-mode processed_logprobs
 
 (the dev mode exposes ``/collective_rpc``: keep such servers on a private network).
@@ -169,7 +169,7 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
                 if "HTTP 404" in str(exc):
                     raise PolicyError(
                         f"{root} has no /collective_rpc: start the server with VLLM_SERVER_DEV_MODE=1 and "
-                        "--worker-extension-cls cuda_agent.core.policies.weight_sync:WeightSyncExtension") from None
+                        "--worker-extension-cls cuda_agent.core.policies.weight_sync.WeightSyncExtension") from None
                 raise
             await self.post_url(root + "/reset_prefix_cache", {})
             results = (data or {}).get("results") if isinstance(data, dict) else None

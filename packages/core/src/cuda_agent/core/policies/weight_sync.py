@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-EXTENSION = "cuda_agent.core.policies.weight_sync:WeightSyncExtension"
+EXTENSION = "cuda_agent.core.policies.weight_sync.WeightSyncExtension"
 LOAD_METHOD = "cuda_agent_load_weights"
 PREFIX = "weights-"
 KEEP_VERSIONS = 2  # the version being loaded and the one before stay on disk
@@ -62,8 +62,11 @@ def read_weights(path: str | Path, device: Any = "cpu") -> Iterator[tuple[str, A
 
 
 class WeightSyncExtension:
-    """Methods added to every vLLM worker. ``self.model_runner.model`` is the worker's model,
-    whose ``load_weights`` takes ``(name, tensor)`` pairs with Hugging Face parameter names."""
+    """Methods added to every vLLM worker. A vLLM worker's ``reload_weights`` loads ``(name,
+    tensor)`` pairs with Hugging Face names in place and then redoes the processing vLLM
+    applied after the first load (the CPU backend, for one, repacks linear weights, so a
+    plain ``model.load_weights`` into the processed parameters fails). Without it (older
+    vLLM, the HF token server) the model's own ``load_weights`` takes the pairs."""
 
     def cuda_agent_load_weights(self, path: str) -> int:
         model = self.model_runner.model
@@ -79,5 +82,9 @@ class WeightSyncExtension:
                 count += 1
                 yield name, tensor
 
-        model.load_weights(weights=weights())
+        reload = getattr(self, "reload_weights", None)
+        if callable(reload):
+            reload(weights_iterator=weights(), is_checkpoint_format=True)
+        else:
+            model.load_weights(weights=weights())
         return count
