@@ -19,6 +19,7 @@ echo "== pip install -r requirements-dev.txt"
 python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 python3 -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check --no-deps "deepspeed>=0.15"
 python3 -c "import verl, tensordict" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
+bash scripts/install_vllm.sh  # the vllm tests' engine: vLLM's CPU build without a GPU; once (skips when installed)
 
 if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
   echo "== starting dockerd"
