@@ -36,3 +36,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "vllm" in item.keywords and not vllm:
             item.add_marker(skip_vllm)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model(tmp_path_factory):
+    """The one tiny model of every ``vllm`` test: a random Qwen2 with head size 64 (vLLM's CPU
+    attention refuses 16) and its in-process tokenizer. Tests that use it are marked
+    ``xdist_group("vllm")`` so that they share one worker and never start engines side by side."""
+    from cuda_agent.core.policies.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny") / "model", hidden_size=128, num_heads=2)
