@@ -1,22 +1,127 @@
-"""The vllm policy on the tiny offline model (needs the optional vllm extra)."""
+"""The in-process ``vllm`` policy on vLLM's CPU build with the shared tiny model.
+
+The engine runs inside the test process (no engine-core or worker process to leave behind).
+A copy of the tiny model is taught one short episode (a bash call, then DONE) in a few
+optimiser steps; its weights go into the engine through ``update_weights``; then a real agent
+episode samples from the engine: the sampled ids and their log-probs equal what the taught
+model scores for the same ids, the tool output carries loss mask 0, and the engine's log-probs
+before the update were the untaught model's.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.core.agent import AgentOptions, FolderEnvironment, format_tool_call, run_episode_sync  # noqa: E402
+from cuda_agent.core.agent.environment import build_tools  # noqa: E402
+from cuda_agent.core.types import Task  # noqa: E402
+
+TASK = Task(id="tiny", source="test", code="import torch\n\nclass Model(torch.nn.Module):\n    pass\n")
+SCRIPT = [format_tool_call("bash", {"command": "echo ok"}), "DONE"]
+TEMPERATURE = 0.6  # log-probs after temperature (processed_logprobs) are what the trainer recomputes
+TOLERANCE = 2e-3  # float32 on both sides; vLLM's CPU kernels sum in another order than torch's
 
 
-def test_vllm_policy_token_level(tmp_path):
+class ScriptedPolicy:
+    """Emits the script's turns, closed with <|im_end|> (log-probs are not needed to teach)."""
+
+    token_level = True
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.turns = list(SCRIPT)
+
+    def generate(self, prompt_ids, sampling):
+        ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False)
+        ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        return ids, [0.0] * len(ids), "stop"
+
+
+def make_env(path):
+    """A folder with one tool and a one-line system prompt: a prompt of a few hundred tokens."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "model.py").write_text(TASK.code)
+    return FolderEnvironment(path, protected=["model.py"], tools=build_tools(["bash"]),
+                             system_prompt="Call bash once, then answer DONE.")
+
+
+def teach(model, ids: list[int], mask: list[int], steps: int = 160) -> float:
+    """Optimise the masked tokens' likelihood until the model repeats them; returns the last loss."""
+    labels = torch.tensor([[i if m else -100 for i, m in zip(ids, mask)]])
+    x = torch.tensor([ids])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        loss = model(input_ids=x, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 4e-3:
+            break
+    model.eval()
+    return float(loss.detach())
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_tiny_model):
     pytest.importorskip("vllm")
-    from cuda_agent.core.policies.hf import HFPolicy
-    from cuda_agent.core.policies.tiny import build_tiny_model
     from cuda_agent.core.policies.vllm import VLLMPolicy
 
-    path = build_tiny_model(tmp_path / "tiny")
-    pol = VLLMPolicy(VLLMPolicy.Options(model=str(path), max_model_len=4096, gpu_memory_utilization=0.2))
-    prompt = pol.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
-    ids, lps, reason = pol.generate(prompt, {"max_tokens": 16, "temperature": 1.0})
-    assert len(ids) == len(lps) > 0 and reason in ("stop", "length")
-    ref = HFPolicy(HFPolicy.Options(model=str(path)))
-    assert ref.score(prompt + ids, len(prompt), temperature=1.0) == pytest.approx(lps, abs=2e-2)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the test process's threads where they are
+    pol = VLLMPolicy(VLLMPolicy.Options(
+        model=str(vllm_tiny_model), dtype="float32", max_model_len=4096, seed=0, max_new_tokens=64,
+        engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20, "distributed_executor_backend": "uni"}))
+    try:
+        yield pol
+    finally:
+        pol.close()
+        mp.undo()
+
+
+def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, vllm_tiny_model, tmp_path):
+    from cuda_agent.core.policies.hf import HFPolicy
+
+    base = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
+    taught = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
+    # the script as an episode of the environment: the exact ids the agent loop builds
+    script = run_episode_sync(TASK, ScriptedPolicy(taught.tokenizer), make_env(tmp_path / "script"))
+    ids = script.prompt_ids + script.response_ids
+    assert teach(taught.model, ids, [0] * len(script.prompt_ids) + script.loss_mask) < 0.02
+
+    prompt = script.prompt_ids
+    before, before_lps, _ = engine.generate(prompt, {"max_tokens": 8, "temperature": 1.0})
+    assert base.score(prompt + before, len(prompt), 1.0) == pytest.approx(before_lps, abs=TOLERANCE)
+
+    state = taught.model.state_dict()
+    assert engine.update_weights(iter(state.items())) == len(state)
+
+    env = make_env(tmp_path / "episode")
+    traj = run_episode_sync(TASK, engine, env, AgentOptions(max_turns=3, max_tokens_per_turn=48,
+                                                            sampling={"temperature": TEMPERATURE}))
+    env.close()
+    assert traj.finish_reason == "done", (traj.finish_reason, traj.metadata)
+    calls = [c for t in traj.turns for c in t.tool_calls]
+    results = [r for t in traj.turns for r in t.tool_results]
+    assert [c.name for c in calls] == ["bash"] and results[0].ok and "ok" in results[0].content
+
+    # token-in/token-out: what the engine sampled is what the trainer's model scores
+    full = traj.prompt_ids + traj.response_ids
+    rescored = taught.score(full, len(traj.prompt_ids), TEMPERATURE)
+    sampled = [i for i, m in enumerate(traj.loss_mask) if m]
+    assert len(sampled) == sum(len(range(*t.response_span)) for t in traj.turns) > 0
+    assert [rescored[i] for i in sampled] == pytest.approx([traj.rollout_logprobs[i] for i in sampled], abs=TOLERANCE)
+    # the untaught weights give other log-probs: the engine sampled from the pushed weights
+    old = base.score(full, len(traj.prompt_ids), TEMPERATURE)
+    assert max(abs(old[i] - traj.rollout_logprobs[i]) for i in sampled) > 0.5
+    # the tool output is the environment's, never trained on
+    tail = [i for i, m in enumerate(traj.loss_mask) if not m]
+    assert tail and all(traj.rollout_logprobs[i] == 0.0 for i in tail)
+    text = taught.tokenizer.decode([traj.response_ids[i] for i in tail], skip_special_tokens=False)
+    assert "<tool_response>\nok\n</tool_response>" in text

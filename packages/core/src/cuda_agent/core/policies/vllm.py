@@ -1,4 +1,11 @@
-"""``vllm`` policy: an in-process vLLM engine, token-level (optional extra: ``pip install vllm``).
+"""``vllm`` policy: an in-process vLLM engine, token-level (optional extra: ``scripts/install_vllm.sh``).
+
+On vLLM's CPU build give ``dtype: float32`` (what the trainer computes in) and a fixed KV-cache
+size (``engine_args: {kv_cache_memory_bytes: ..., enforce_eager: true}``); its attention refuses a
+head size of 16 (64 is tested). The engine starts its processes by spawn: a script that
+builds this policy needs an ``if __name__ == "__main__":`` guard. With the environment variable
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``engine_args: {distributed_executor_backend: uni}`` the
+engine runs inside the calling process instead.
 
 After each trainer update the engine's weights are replaced in place
 (:meth:`VLLMPolicy.update_weights`, through :mod:`.weight_sync`) and its prefix cache is
@@ -10,6 +17,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 
+from ..agent.loop import PolicyError
 from ..errors import ConfigError
 from ..interfaces import Policy
 
@@ -89,5 +97,24 @@ class VLLMPolicy(Policy):
         self.weights_version += 1
         path = write_weights(named_tensors, self._sync_dir, self.weights_version)
         counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
-        self.llm.reset_prefix_cache()
-        return int(min(counts)) if counts else 0
+        # cached prefixes hold keys and values of the old weights; the reset is refused while
+        # a request holds blocks (none does between two generate calls)
+        if self.llm.reset_prefix_cache() is False:
+            raise PolicyError("vLLM refused to drop its prefix cache after a weight update (a request "
+                              "still holds cache blocks); update weights only between rollouts")
+        return int(min(int(c) for c in counts)) if counts else 0
+
+    def close(self) -> None:
+        """Stop the engine (and its processes, when it runs in several) and free its memory."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        del llm, engine, core
+        import gc
+
+        gc.collect()
