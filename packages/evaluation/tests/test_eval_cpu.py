@@ -197,9 +197,28 @@ def test_score_folder_on_cpu(setup, capsys):
         assert (run_dir / name).exists(), name
     md = (run_dir / "report.md").read_text()
     assert "| **solutions** | 20.0% |" in md
+    # 4 of the 5 tasks had a solution: the figures over those beside the all-task ones
+    assert m["n_with_solution"] == 4 and m["with_solution"]["n"] == 4
+    assert m["with_solution"]["pass_rate"] == pytest.approx(0.25)
+    assert "| solutions: the 4 tasks with a solution | 25.0% |" in md
+    assert "4 of 5 tasks had a solution; the 1 without one count as failed" in md
+    assert "4 of 5 tasks had a solution" in (run_dir / "report.html").read_text()
+    assert "| solutions: the 4 tasks with a solution | 25.0% |" in out["summary"]
     env = report["environment"]
     assert env["backend"] == "cpu"
     assert env["profiler"] != "unknown" and env["precision"] != "unknown"
+    # --only-covered: of the two tasks asked for, only the one with a solution is scored
+    capsys.readouterr()
+    assert main(["eval", *overrides(setup), "eval.progress=false", "--ids", "L1/1_Add,L1/5_Min",
+                 "--only-covered"]) == 0
+    printed = capsys.readouterr().out
+    assert "--only-covered: 1 of the 2 selected tasks have a solution" in printed
+    [covered_run] = [p for p in (setup / "runs").iterdir() if p != run_dir and (p / "results.json").exists()]
+    rep = json.loads((covered_run / "results.json").read_text())
+    assert [t["task_id"] for t in rep["tasks"]] == ["L1/1_Add"] and rep["tasks"][0]["correct"]
+    assert "with_solution" not in rep["metrics"]["overall"] and "| **solutions** | 100.0% |" in printed
+    assert main(["eval", *overrides(setup), "--ids", "L1/5_Min", "--only-covered"]) == 2
+    assert "none of the 1 selected tasks has a solution" in capsys.readouterr().err
 
 
 def test_cli_resume_after_kill(setup):

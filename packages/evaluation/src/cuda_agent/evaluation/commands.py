@@ -70,8 +70,10 @@ def check_eval_run(run_dir: Path) -> None:
 @click.option("--solutions", type=click.Path(), default=None, help="Score this folder of solutions (no agent).")
 @click.option("--resume", type=click.Path(), default=None, help="Continue an interrupted eval run folder.")
 @click.option("--report-only", is_flag=True, help="Only re-render the reports of --resume's run folder.")
+@click.option("--only-covered", is_flag=True,
+              help="With --solutions: score only the selected tasks that the folder has a solution for.")
 @_with_common
-def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, workers) -> None:
+def eval_cmd(args, solutions, resume, report_only, only_covered, levels, limit, ids, shard, workers) -> None:
     """Evaluate a policy (or a folder of solutions) on a task set; KernelBench L1-L3 by default.
 
     ARGS are config files and key=value overrides. Results, results.json, report.md and
@@ -96,12 +98,31 @@ def eval_cmd(args, solutions, resume, report_only, levels, limit, ids, shard, wo
         files = [str(saved), *files]  # the run's own config first; arguments given now come after
     overrides += _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids)
     cfg = compose(files, overrides)
+    if only_covered:
+        restrict_to_covered(cfg)
     out = evaluate(cfg)
     click.echo("")
     click.echo(out["summary"])
     click.echo("")
     for kind, p in out["paths"].items():
         click.echo(f"{kind}: {p}")
+
+
+def restrict_to_covered(cfg: Any) -> None:
+    """Narrow ``cfg``'s task selection to the tasks its solutions folder covers (eval.ids,
+    saved with the run, so that --resume selects the same; limit and shard were applied)."""
+    from .evaluate import load_tasks
+    from .solutions import covered_task_ids
+
+    e = cfg.eval
+    if not e.get("solutions"):
+        raise ConfigError("--only-covered needs --solutions DIR (the folder whose tasks to score)")
+    tasks = load_tasks(cfg)
+    covered = covered_task_ids(tasks, e.solutions)
+    if not covered:
+        raise ConfigError(f"--only-covered: none of the {len(tasks)} selected tasks has a solution in {e.solutions}")
+    e.ids, e.limit, e.shard = covered, None, None
+    click.echo(f"--only-covered: {len(covered)} of the {len(tasks)} selected tasks have a solution in {e.solutions}")
 
 
 @click.command("baselines", context_settings={"ignore_unknown_options": True})

@@ -8,6 +8,9 @@ A task is scored by its best correct candidate (highest speedup against
   solution is faster, both strictly (``t < t0``) and with the paper's margin
   (``(t0 - t) / t0 > 0.05``);
 * geometric-mean speedup against eager and against compile over the correct solutions;
+* how many tasks had a solution at all (``n_with_solution``) and, when some had none (a
+  solutions folder that covers part of the task set), the same metrics over the tasks that
+  had one (``with_solution``), beside the all-task figures;
 * the distribution of speedups and counts of failure categories;
 * with the tasks' sample rows (:mod:`.samples`): pass@k over samples.
 """
@@ -227,8 +230,14 @@ def histogram(vals: Iterable[float], edges: Sequence[float] = SPEEDUP_BINS) -> l
     return bins
 
 
-def group_metrics(results: Sequence[TaskResult], margin: float = DEFAULT_MARGIN) -> dict:
-    """Table-1 metrics of one group of tasks."""
+def has_solution(r: TaskResult) -> bool:
+    """Whether the task had any candidate to score (a solution file, an agent's attempt)."""
+    return r.candidates > 0 or r.failure != FailureCategory.MISSING.value
+
+
+def group_metrics(results: Sequence[TaskResult], margin: float = DEFAULT_MARGIN, covered: bool = True) -> dict:
+    """Table-1 metrics of one group of tasks; with ``covered``, also those over the tasks that
+    had a solution (``with_solution``) when some had none."""
     n = len(results)
     correct = [r for r in results if r.correct]
     se = [r.speedup_vs_eager for r in correct if r.speedup_vs_eager is not None]
@@ -263,6 +272,10 @@ def group_metrics(results: Sequence[TaskResult], margin: float = DEFAULT_MARGIN)
     out["speedup_vs_eager_histogram"] = histogram(se)
     out["speedup_vs_compile_histogram"] = histogram(sc)
     out["failures"] = failures
+    with_solution = [r for r in results if has_solution(r)]
+    out["n_with_solution"] = len(with_solution)
+    if covered and len(with_solution) < n:
+        out["with_solution"] = group_metrics(with_solution, margin, covered=False)
     return out
 
 

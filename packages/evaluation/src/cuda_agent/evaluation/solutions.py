@@ -245,6 +245,12 @@ def match_solutions(tasks: Sequence[Task], solutions: Iterable[Solution]) -> tup
     return by_task, unmatched
 
 
+def covered_task_ids(tasks: Sequence[Task], root: str | Path) -> list[str]:
+    """The ids of ``tasks`` (in their order) that the solutions folder ``root`` has a solution for."""
+    by_task, _ = match_solutions(tasks, load_solutions(root))
+    return [t.id for t in tasks if by_task.get(t.id)]
+
+
 # --- writing solutions into a workspace -------------------------------------------------
 
 

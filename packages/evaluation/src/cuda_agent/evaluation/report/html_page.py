@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .charts import escape, svg_failures, svg_histogram, svg_refusals, svg_task_bars
 from .model import levels, report_title, run_label
-from .tables import PASS_AT_K_NOTE, Table, environment_table, info_lines, main_table, ms, pass_at_k_table
+from .tables import PASS_AT_K_NOTE, Table, coverage_line, environment_table, info_lines, main_table, ms, pass_at_k_table
 from .tables import distribution_table, failure_table, level_table, refusal_table, result_label, strict_table
 from .tables import task_table, times
 
@@ -115,6 +115,8 @@ def render_html(report: dict) -> str:
         "shares are over all tasks, geometric means over correct solutions. Paper rows come from the CUDA Agent "
         "paper (its own GPUs and software) and are shown for reference.</p>"
     )
+    if coverage_line(report):
+        body.append(f'<p class="note">{escape(coverage_line(report))}</p>')
     body.append('<h2 id="levels">Per level</h2>')
     body.append(html_table(level_table(report), "levels"))
     body.append('<h2 id="strict">Strictly faster and with the margin</h2>')

@@ -4,7 +4,8 @@ short text summary the ``eval`` command prints on the console."""
 from __future__ import annotations
 
 from .model import report_title
-from .tables import PASS_AT_K_NOTE, Table, environment_table, info_lines, main_table, pass_at_k_table, pct
+from .tables import PASS_AT_K_NOTE, Table, coverage_line, environment_table, info_lines, main_table, pass_at_k_table
+from .tables import pct
 from .tables import distribution_table, failure_table, level_table, refusal_table, strict_table, task_table
 
 
@@ -36,7 +37,8 @@ def render_markdown(report: dict) -> str:
         "",
         *(f"- {line}" for line in info_lines(report)),
         "",
-        *_section(f"Table 1: KernelBench, {m['overall']['n']} tasks", main_table(report), table1_note),
+        *_section(f"Table 1: KernelBench, {m['overall']['n']} tasks", main_table(report), table1_note,
+                  *filter(None, [coverage_line(report)])),
         *_section("Per level", level_table(report)),
         *_section("Strictly faster and with the margin", strict_table(report)),
         *_section("Speedup distribution (correct solutions)", distribution_table(report)),

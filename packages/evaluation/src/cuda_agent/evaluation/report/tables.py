@@ -119,10 +119,27 @@ def _ratios(g: dict) -> list[str]:
 
 
 def main_table(report: dict) -> Table:
-    """Table 1: the paper's systems, then this run (its name in bold)."""
+    """Table 1: the paper's systems, then this run (its name in bold); when some tasks had no
+    solution, a row for this run over the tasks that had one."""
+    o = report["metrics"]["overall"]
     rows = [[p["system"], *_ratios(p)] for p in PAPER_ROWS]
-    rows.append([f"**{run_label(report)}**", *_ratios(report["metrics"]["overall"])])
+    rows.append([f"**{run_label(report)}**", *_ratios(o)])
+    if o.get("with_solution"):
+        rows.append([f"{run_label(report)}: the {o['n_with_solution']} tasks with a solution",
+                     *_ratios(o["with_solution"])])
     return Table(MAIN_HEADER, rows)
+
+
+def coverage_line(report: dict) -> str:
+    """How many tasks had a solution, when some had none ("" otherwise)."""
+    o = report["metrics"]["overall"]
+    if not o.get("with_solution"):
+        return ""
+    n, k = o["n"], o["n_with_solution"]
+    return (f"{k} of {n} tasks had a solution; the {n - k} without one count as failed in the all-task figures "
+            f"(the paper's form). Over the {k} with one: pass {pct(o['with_solution']['pass_rate'])}, faster than "
+            f"compile {pct(o['with_solution']['faster_compile'])}. To score only the tasks the folder covers: "
+            "--only-covered.")
 
 
 def level_table(report: dict) -> Table:
