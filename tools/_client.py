@@ -94,6 +94,10 @@ def main(endpoint, argv=None):
     except (OSError, http.client.HTTPException) as exc:
         print("ERROR: cannot reach the workspace service (%s: %s). It runs outside your shell; "
               "if this persists, the environment is broken, not your code." % (type(exc).__name__, exc))
+        if endpoint != "compile":  # a finished run's workspace: no service runs any more
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            print("A run that has ended has no service: re-check this folder with `cuda-agent %s %s`."
+                  % (endpoint, here))
         return 2
     if as_json:
         print(json.dumps(answer, indent=2))

@@ -46,6 +46,8 @@ def test_help_and_unreachable_service(tmp_path):
         assert r.returncode == 2
         assert r.stdout.startswith("ERROR: cannot reach the workspace service")
         assert r.stderr == ""  # no traceback for the agent to puzzle over
+        if name != "compile":  # after a run: the command that works without a service
+            assert f"re-check this folder with `cuda-agent {name} {ws}`" in r.stdout, r.stdout
     assert not (ws / "tools" / "__pycache__").exists()  # nothing written into the workspace
 
 
