@@ -97,6 +97,17 @@ def test_episodes_stick_to_one_of_several_servers(tiny, tmp_path):
         assert a.stats["weight_loads"] == b.stats["weight_loads"] == 1
 
 
+def test_episodes_sharing_a_long_system_prompt_spread_over_servers(tiny, tmp_path):
+    pol = client(tiny, ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"], tmp_path)
+    head = [3 + i % 500 for i in range(1200)]  # one system prompt, longer than any fixed head of the prompt
+    firsts = [head + [600 + i, 601] for i in range(6)]
+    chosen = [pol.server_for(p) for p in firsts]
+    assert chosen.count(pol.base_urls[0]) == chosen.count(pol.base_urls[1]) == 3
+    for p, url in zip(firsts, chosen):  # a later turn: the episode's ids and more
+        assert pol.server_for(p + [7, 8, 9] * 40) == url
+    assert pol.server_for(head[:700]) in pol.base_urls  # a prompt no episode started with: a new episode
+
+
 def test_clear_errors(tiny, tmp_path):
     with pytest.raises(ConfigError, match="base_urls"):
         VLLMServerPolicy(VLLMServerPolicy.Options(base_urls=["localhost:8000"], model=str(tiny)))

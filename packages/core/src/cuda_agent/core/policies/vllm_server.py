@@ -3,7 +3,8 @@
 Token ids go in and come out (``POST /v1/completions`` with the prompt as token ids,
 ``return_token_ids`` and ``logprobs=0``), so nothing is re-tokenized between turns and
 the trainer gets the exact sampled ids with their log-probs. An episode sticks to one server
-(chosen from its first prompt tokens), so its growing prompt hits that server's prefix cache.
+(new episodes go to the least used server; a prompt that extends an episode's first prompt follows
+it), so its growing prompt hits that server's prefix cache.
 
 Weights follow the trainer: :meth:`VLLMServerPolicy.update_weights` writes the new weights
 to ``weight_sync_dir`` (a folder every server can read: the same host or a shared file
@@ -25,6 +26,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
+import threading
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,7 @@ from ..interfaces import Policy
 from .http import PolicyUnavailable, RetryingHTTPClient
 
 TOKEN_ID_PREFIX = "token_id:"
+MAX_ROUTES = 65536  # episodes whose server is remembered
 
 
 @dataclass
@@ -95,15 +100,38 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
         self.weights_version = 0
         self._sync_dir = o.weight_sync_dir or tempfile.mkdtemp(prefix="cuda-agent-weights-")
         self._served = o.served_model_name
+        self._route_lock = threading.Lock()
+        self._routes: OrderedDict[tuple[int, str], str] = OrderedDict()  # (length, digest) of a first prompt -> server
+        self._route_lengths: dict[int, int] = {}  # lengths of the remembered first prompts -> how many
+        self._episodes = {u: 0 for u in self.base_urls}
 
     # -- generation ------------------------------------------------------------------------
 
     def server_for(self, prompt_ids: list[int]) -> str:
-        """The server of an episode: a hash of its first prompt tokens (same episode, same server)."""
+        """The server of an episode. A prompt that extends the first prompt of an episode seen
+        before (a later turn: the same ids and more) goes to that episode's server; any other
+        prompt starts an episode on the server with the fewest episodes so far. (Episodes share
+        long system prompts, so no fixed-length head of the prompt tells them apart.)"""
         if len(self.base_urls) == 1:
             return self.base_urls[0]
-        head = ",".join(str(i) for i in prompt_ids[:256]).encode()
-        return self.base_urls[int(hashlib.sha1(head).hexdigest(), 16) % len(self.base_urls)]
+        with self._route_lock:
+            digests = _prefix_digests(prompt_ids, sorted(n for n in self._route_lengths if n <= len(prompt_ids)))
+            for key in sorted(digests, key=lambda k: -k[0]):  # the longest known first prompt it extends
+                url = self._routes.get(key)
+                if url is not None:
+                    self._routes.move_to_end(key)
+                    return url
+            url = min(self.base_urls, key=lambda u: self._episodes[u])
+            self._episodes[url] += 1
+            key = (len(prompt_ids), _prefix_digests(prompt_ids, [len(prompt_ids)])[0][1])
+            self._routes[key] = url
+            self._route_lengths[key[0]] = self._route_lengths.get(key[0], 0) + 1
+            while len(self._routes) > MAX_ROUTES:  # the oldest episodes are over
+                (n, _), _ = self._routes.popitem(last=False)
+                self._route_lengths[n] -= 1
+                if not self._route_lengths[n]:
+                    del self._route_lengths[n]
+            return url
 
     async def served_model(self) -> str:
         if not self._served:
@@ -181,6 +209,18 @@ class VLLMServerPolicy(RetryingHTTPClient, Policy):
                 raise PolicyError(f"{root}/collective_rpc: unexpected results {str(results)[:200]}")
 
         return list(await asyncio.gather(*(one(b) for b in self.base_urls)))
+
+
+def _prefix_digests(ids: list[int], lengths: list[int]) -> list[tuple[int, str]]:
+    """``(n, digest of ids[:n])`` for each of the ascending ``lengths``, in one pass."""
+    h = hashlib.blake2b(digest_size=16)
+    out, done = [], 0
+    for n in lengths:
+        if n > done:
+            h.update(array("q", ids[done:n]).tobytes())
+            done = n
+        out.append((n, h.hexdigest()))
+    return out
 
 
 def parse_completion(data: dict, url: str = "the server") -> tuple[list[int], list[float], str]:
