@@ -238,3 +238,17 @@ def test_compare_outputs_rules():
     assert not compare_outputs(torch.ones(3), torch.ones(3, dtype=torch.float64), 1e-2, 1e-2).ok
     assert compare_outputs([torch.ones(2), 3], [torch.ones(2) + 1e-3, 3], 1e-2, 1e-2).ok
     assert not compare_outputs([torch.ones(2)], [torch.ones(2), torch.ones(2)], 1e-2, 1e-2).ok
+
+
+def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_references_weights(linear_ws):
+    # verification gives ModelNew the weights of a Model built after its own seed; profiling
+    # compares timed outputs with a Model built after the baseline seed, so the candidate is
+    # built again with those weights first (else every model with parameters failed the spot check)
+    from cuda_agent.sandbox.judge.tasks import evaluate
+
+    (Path(linear_ws.root) / "model_new.py").write_text(LINEAR_NEW.replace("{name}", "fc"))
+    v, p = evaluate(str(linear_ws.root), "cpu", {"num_inputs": 1, "extra_draws": []},
+                    {"num_input_sets": 1, "attempts": 1, "compile_baseline": False})
+    assert v.ok, v.message
+    assert p is not None and p.ok, p.message
+    assert p.metadata["spot_check"] == "passed"

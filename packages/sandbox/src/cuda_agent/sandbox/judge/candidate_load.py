@@ -77,8 +77,9 @@ def do_load(st: CandidateState, msg: dict) -> dict:
 
 
 def do_reseed(st: CandidateState, msg: dict) -> dict:
-    """Both models built again after another seed, weights by that seed alone (the second
-    construction of KernelBench's protocol)."""
+    """Both models built again after another seed; ``ModelNew``'s weights by that seed alone
+    (``weights: seeded``, the second construction of KernelBench's protocol) or from the
+    new ``Model`` (``state_dict``/``auto``, as at load)."""
     import torch
 
     if st.loaded is None:
@@ -86,8 +87,9 @@ def do_reseed(st: CandidateState, msg: dict) -> dict:
     try:
         with torch.no_grad():
             loaded = build_models(st.ref_mod, None, st.device, int(msg["seed"]), True, st.cand_name)
+            weights = msg.get("weights") if msg.get("weights") in ("state_dict", "auto", "seeded") else "seeded"
             build_candidate(loaded, st.loaded.candidate, st.device, int(msg["seed"]), st.strict, st.cand_name,
-                            weights="seeded")
+                            weights=weights)
     except LoadFailure as exc:
         return {"ok": False, "category": exc.category.value, "message": exc.message}
     loaded.ref_model = None

@@ -62,6 +62,7 @@ class JudgeSession:
         self.cand_name = cand.name
         self.proc: CandidateProcess | None = None
         self.loaded = False
+        self.loaded_seed: int | None = None  # the seed the candidate's weights come from
         self.load_reply: dict = {}
         self.weights: str | None = None  # how ModelNew got Model's weights (the candidate process's report)
         self.ipc = True
@@ -112,8 +113,8 @@ class JudgeSession:
     def load(self, seed: int, strict_state_dict: bool, precision: str, weights: str = "state_dict") -> Refusal | None:
         """Import the reference and the candidate in the candidate process (``weights``: see
         :mod:`.rules`; the reply's ``weights`` says which protocol applied)."""
-        if self.loaded:
-            return None
+        if self.loaded:  # a job that verified first: the candidate's weights rebuilt for this seed
+            return None if seed == self.loaded_seed else self.rebuild(seed, weights)
         proc = self.start()
         reply = self._request({"op": "load", "workspace": str(self.snap.root), "reference": str(self.reference),
                                "candidate": str(self.candidate), "seed": int(seed),
@@ -134,8 +135,21 @@ class JudgeSession:
             return self._tamper_refusal(tampered) or Refusal(
                 cat, (why if reply.get("message") else f"loading failed: {why}") if why else "loading failed")
         self.loaded = True
+        self.loaded_seed = int(seed)
         del proc
         return self._tamper_refusal(tampered)
+
+    def rebuild(self, seed: int, weights: str = "state_dict") -> Refusal | None:
+        """Build both models again after ``seed`` in the candidate process, ``ModelNew`` taking
+        ``Model``'s weights by ``weights`` as at load: profiling after verification compares
+        timed outputs with a reference built after its own seed, so the candidate must hold
+        that reference's weights, not the ones verification gave it."""
+        reply = self._request({"op": "reseed", "seed": int(seed), "weights": weights})
+        if not reply.get("ok"):
+            return Refusal(FailureCategory.CRASH, f"ModelNew built again after seed {seed}: "
+                                                  f"{_msg(reply.get('message') or reply.get('error'))[:800]}")
+        self.loaded_seed = int(seed)
+        return None
 
     def _tamper_refusal(self, tampered: list[str]) -> Refusal | None:
         if not tampered:

@@ -356,6 +356,7 @@ class Verification:
         reply = self.s._request({"op": "reseed", "seed": seed2})
         if not reply.get("ok"):
             return self.result(False, FailureCategory.CRASH, f"ModelNew after a second seed: {str(reply.get('message') or reply.get('error'))[:800]}")
+        self.s.loaded_seed = seed2
         s = input_seeds(self.seed ^ 0x3C3C3C3C, 1)[0]
         drawn = draw_inputs(self.ref_mod.get_inputs, s, self.device)
         ref_out = ref2.ref_model(*drawn.values)
