@@ -145,6 +145,22 @@ class VLLMServe:
         self._signal_group(signal.SIGKILL)  # the engine process, should it outlive the server
         self.proc.wait()
 
+    def group_gone(self, timeout: float = 10.0) -> bool:
+        """Whether every process of the server's group has ended (and been reaped)."""
+        if self.proc is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
     def _signal_group(self, sig: int) -> None:
         if self.proc is None:
             return
