@@ -4,7 +4,8 @@ A demo whose reward changes from run to run on the same machine tells a user not
 this measures how steady it is, optionally with a process burning one core beside it (a
 busy laptop):
 
-    python3 scripts/demo_repeat.py -n 10 --load
+    python3 scripts/demo_repeat.py -n 10 --load                      # baselines from the cache
+    python3 scripts/demo_repeat.py -n 10 --load --fresh-baselines    # measured in every run (a fresh clone)
 
 Prints one row per run (speedup against eager and torch.compile, the spread of each timing,
 the reward) and a summary; exits 1 when the runs do not all earn the same reward.
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--runs", type=int, default=10, help="how many demo runs (default 10)")
     ap.add_argument("--load", action="store_true", help="keep one core busy with a spinning process meanwhile")
     ap.add_argument("--load-core", type=int, default=0, help="the core the spinning process is pinned to")
+    ap.add_argument("--fresh-baselines", action="store_true",
+                    help="measure eager and torch.compile again in every run (an empty baseline cache per run)")
     ap.add_argument("--backend", default="cpu", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--out", type=Path, default=None, help="folder for the run folders (default: a temporary one)")
     ap.add_argument("extra", nargs="*", help="config files and key=value overrides passed to the demo")
@@ -73,10 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"{a.runs} runs of `cuda-agent demo --backend {a.backend}`"
               + (f", one core (#{a.load_core}) kept busy by another process" if burner else "")
+              + (", baselines measured in every run" if a.fresh_baselines else ", baselines from the cache")
               + f"; run folders under {base}", flush=True)
         print(f"{'run':>3}  {'vs eager':>8}  {'vs compile':>10}  {'spread e/c/cand':>17}  {'reward':>6}  {'time':>6}")
         for i in range(a.runs):
-            r = run_demo(base / f"run-{i + 1:02d}", a.backend, a.extra)
+            out = base / f"run-{i + 1:02d}"
+            fresh = [f"service.profile_options.baseline_cache_dir={base / f'baselines-{i + 1:02d}'}"]
+            r = run_demo(out, a.backend, a.extra + (fresh if a.fresh_baselines else []))
             rows.append(r)
             if not r["ok"]:
                 print(f"{i + 1:>3}  failed: {r['error']}", flush=True)
