@@ -100,7 +100,7 @@ def test_tool_scripts_end_to_end(tmp_path, executor):
         line = r.stdout.splitlines()[0]
         assert line.startswith("PROFILE: eager ") and "torch.compile" in line and "yours" in line
         assert "x vs eager" in line and "x vs compile" in line and "(reward " in line
-        assert "result reused" in r.stdout  # verification of unchanged files reused
+        assert "that verdict reused, the timing ran now" in r.stdout  # verification of unchanged files reused
 
         r = tool(ws, "profile", "--json")
         answer = json.loads(r.stdout)
