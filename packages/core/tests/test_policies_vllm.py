@@ -10,6 +10,8 @@ before the update were the untaught model's.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
@@ -96,7 +98,7 @@ def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, vllm_ti
     assert teach(taught.model, ids, [0] * len(script.prompt_ids) + script.loss_mask) < 0.02
 
     prompt = script.prompt_ids
-    before, before_lps, _ = engine.generate(prompt, {"max_tokens": 8, "temperature": 1.0})
+    before, before_lps, _ = asyncio.run(engine.generate(prompt, {"max_tokens": 8, "temperature": 1.0}))
     assert base.score(prompt + before, len(prompt), 1.0) == pytest.approx(before_lps, abs=TOLERANCE)
 
     state = taught.model.state_dict()
@@ -125,3 +127,24 @@ def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, vllm_ti
     assert tail and all(traj.rollout_logprobs[i] == 0.0 for i in tail)
     text = taught.tokenizer.decode([traj.response_ids[i] for i in tail], skip_special_tokens=False)
     assert "<tool_response>\nok\n</tool_response>" in text
+
+
+def test_concurrent_episodes_share_engine_calls(engine, tmp_path):
+    """Episodes on one event loop: their requests are sampled together, each gets its own answer."""
+    from cuda_agent.core.agent import run_episode
+
+    async def episodes():
+        envs = [make_env(tmp_path / f"e{i}") for i in range(4)]
+        try:
+            return await asyncio.gather(*(run_episode(TASK, engine, env, AgentOptions(
+                max_turns=1, max_tokens_per_turn=16, sampling={"temperature": 1.0})) for env in envs))
+        finally:
+            for env in envs:
+                env.close()
+
+    engine.reset_stats()
+    trajs = asyncio.run(episodes())
+    stats = engine.reset_stats()
+    assert stats["calls"] == 4 and stats["batches"] < 4, stats
+    assert stats["generated_tokens"] == sum(sum(t.loss_mask) for t in trajs) > 0
+    assert all(t.finish_reason != "error" and len(t.rollout_logprobs) == len(t.response_ids) for t in trajs)

@@ -3,8 +3,8 @@
 :class:`ActorPolicy` is a token-level policy for the core agent loop (``generate(prompt_ids,
 sampling) -> (ids, logprobs, finish_reason)``, awaitable) that samples with HF ``generate``
 on the model being trained. Concurrent episodes' requests are gathered into one batched
-(left-padded) ``generate`` call that runs in a worker thread, so tool calls and rewards of
-other episodes proceed while the model generates. The recorded log-prob of a token is
+(left-padded) ``generate`` call that runs in a worker thread (``RequestBatcher``), so tool
+calls and rewards of other episodes proceed while the model generates. The recorded log-prob of a token is
 ``log_softmax(logits / temperature)`` at that token, the quantity the trainer recomputes.
 
 :func:`sync_policy_weights` pushes new weights to an external rollout engine (vLLM) after
@@ -13,12 +13,13 @@ an update; the actor policy reads the trained module directly and needs no sync.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
 
 import torch
+
+from cuda_agent.core.policies.batching import RequestBatcher
 
 
 class ActorPolicy:
@@ -45,8 +46,7 @@ class ActorPolicy:
             if t in vocab and int(vocab[t]) not in self.stop_ids:
                 self.stop_ids.append(int(vocab[t]))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
-        self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
-        self._flush_task: asyncio.Task | None = None
+        self._batcher = RequestBatcher(self.generate_batch, max_batch, self.gather_s)
         self._lock = threading.Lock()
         self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
         self.seed = seed
@@ -56,33 +56,7 @@ class ActorPolicy:
     # -- the agent loop's interface -------------------------------------------------
 
     async def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._pending.append((list(prompt_ids), dict(sampling), fut))
-        if self._flush_task is None or self._flush_task.done():
-            self._flush_task = loop.create_task(self._flush_soon())
-        return await fut
-
-    async def _flush_soon(self) -> None:
-        # gather: keep waiting while new requests arrive (up to 20 windows) or until a batch is full
-        seen = -1
-        for _ in range(20):
-            await asyncio.sleep(self.gather_s)
-            if len(self._pending) == seen or len(self._pending) >= self.max_batch:
-                break
-            seen = len(self._pending)
-        while self._pending:
-            reqs, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
-            try:
-                outs = await asyncio.to_thread(self.generate_batch, [r[0] for r in reqs], [r[1] for r in reqs])
-                for (_, _, fut), out in zip(reqs, outs):
-                    if not fut.done():
-                        fut.set_result(out)
-            except Exception as exc:  # every waiting episode sees the failure
-                for _, _, fut in reqs:
-                    if not fut.done():
-                        fut.set_exception(exc)
-            await asyncio.sleep(self.gather_s)
+        return await self._batcher.submit(prompt_ids, sampling)
 
     # -- batched sampling ------------------------------------------------------------
 

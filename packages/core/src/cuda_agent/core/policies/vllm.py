@@ -15,11 +15,15 @@ dropped, so the next rollout samples from the new policy.
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..agent.loop import PolicyError
 from ..errors import ConfigError
 from ..interfaces import Policy
+from .batching import RequestBatcher
 
 
 @dataclass
@@ -33,6 +37,7 @@ class VLLMOptions:
     top_p: float = 1.0
     max_new_tokens: int = 8192
     seed: int | None = 0
+    max_batch: int = 256  # concurrent episodes' requests sampled in one engine call
     stop_tokens: list[str] = field(default_factory=lambda: ["<|im_end|>"])
     # sampled tokens' log-probs after temperature, the quantity the trainer recomputes
     logprobs_mode: str = "processed_logprobs"
@@ -41,7 +46,8 @@ class VLLMOptions:
 
 
 class VLLMPolicy(Policy):
-    """Token-level generation with ``vllm.LLM``: sampled ids and their log-probs (logprobs=0)."""
+    """Token-level generation with ``vllm.LLM``: sampled ids and their log-probs (logprobs=0);
+    requests of concurrent episodes are sampled together."""
 
     name = "vllm"
     description = "In-process vLLM engine, token-level with log-probs (needs the vllm extra)."
@@ -71,10 +77,17 @@ class VLLMPolicy(Policy):
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in o.stop_tokens]
         self.stop_ids = [int(i) for i in self.stop_ids if i is not None and i != self.tokenizer.unk_token_id]
+        self._lock = threading.Lock()
+        self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        self._batcher = RequestBatcher(self.generate_batch, o.max_batch)
 
-    def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
+    async def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
+        """One completion; requests of concurrent episodes run as one batch (``generate_batch``)."""
+        return await self._batcher.submit(prompt_ids, sampling)
+
+    def params(self, sampling: dict) -> Any:
         o = self.options
-        params = self._vllm.SamplingParams(
+        return self._vllm.SamplingParams(
             max_tokens=int(sampling.get("max_tokens") or o.max_new_tokens),
             temperature=float(sampling.get("temperature", o.temperature)),
             top_p=float(sampling.get("top_p", o.top_p)),
@@ -82,12 +95,31 @@ class VLLMPolicy(Policy):
             stop_token_ids=self.stop_ids,
             skip_special_tokens=False,
         )
-        out = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)[0].outputs[0]
-        ids = [int(i) for i in out.token_ids]
-        lps = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
-        if len(lps) != len(ids):
-            lps = lps + [0.0] * (len(ids) - len(lps))
-        return ids, lps, "stop" if out.finish_reason == "stop" else "length"
+
+    def generate_batch(self, prompts: list[list[int]], samplings: list[dict]) -> list[tuple[list[int], list[float], str]]:
+        """Sampled ids, their log-probs and ``stop``/``length`` for each prompt, in one engine call."""
+        t0 = time.monotonic()
+        with self._lock:  # one engine call at a time (weight updates included)
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                     [self.params(s) for s in samplings], use_tqdm=False)
+        results = []
+        for req in outs:
+            out = req.outputs[0]
+            ids = [int(i) for i in out.token_ids]
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
+            if len(lps) != len(ids):
+                raise PolicyError(f"vLLM returned {len(ids)} token ids but {len(lps)} log-probs")
+            results.append((ids, lps, "stop" if out.finish_reason == "stop" else "length"))
+        self.stats["generated_tokens"] += sum(len(r[0]) for r in results)
+        self.stats["generate_seconds"] += time.monotonic() - t0
+        self.stats["calls"] += len(prompts)
+        self.stats["batches"] += 1
+        return results
+
+    def reset_stats(self) -> dict:
+        """Generated tokens, engine seconds, requests and engine calls since the last reset."""
+        s, self.stats = self.stats, {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        return s
 
     def update_weights(self, named_tensors) -> int:
         """Load new weights (``(name, tensor)`` pairs, Hugging Face names) into every worker of
@@ -96,12 +128,13 @@ class VLLMPolicy(Policy):
 
         self.weights_version += 1
         path = write_weights(named_tensors, self._sync_dir, self.weights_version)
-        counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
-        # cached prefixes hold keys and values of the old weights; the reset is refused while
-        # a request holds blocks (none does between two generate calls)
-        if self.llm.reset_prefix_cache() is False:
-            raise PolicyError("vLLM refused to drop its prefix cache after a weight update (a request "
-                              "still holds cache blocks); update weights only between rollouts")
+        with self._lock:
+            counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+            # cached prefixes hold keys and values of the old weights; the reset is refused while
+            # a request holds blocks (none does between two engine calls)
+            if self.llm.reset_prefix_cache() is False:
+                raise PolicyError("vLLM refused to drop its prefix cache after a weight update (a request "
+                                  "still holds cache blocks); update weights only between rollouts")
         return int(min(int(c) for c in counts)) if counts else 0
 
     def close(self) -> None:
