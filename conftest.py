@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
     cuda = _has_cuda()
     vllm = importlib.util.find_spec("vllm") is not None
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
-    skip_vllm = pytest.mark.skip(reason="needs the vllm extra (pip install 'cuda-agent[vllm]')")
+    skip_vllm = pytest.mark.skip(reason="needs vLLM (bash scripts/install_vllm.sh)")
     for item in items:
         if "gpu" in item.keywords and not cuda:
             item.add_marker(skip_gpu)
