@@ -192,3 +192,49 @@ def test_shell_tools_through_the_local_sandbox(tmp_path):
     assert not res["b6"].ok
     assert (ws / "model.py").read_text() == MODEL
     assert res["b7"].content.startswith("COMPILE"), res["b7"].content  # the service answered  # the tool script reaches the workspace service from the sandbox
+
+
+def test_an_environment_from_config_uses_the_callers_own_plugin_manager(tmp_path):
+    # a reward registered on a plugin manager of the caller's own (not the process-wide one)
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf
+
+    from cuda_agent.core.hookspecs import hookimpl
+    from cuda_agent.core.interfaces import RewardFunction
+    from cuda_agent.core.plugins import PluginManager, get_plugin_manager
+    from cuda_agent.core.types import CandidateOutcome, RewardResult
+    from cuda_agent.sandbox.workspace.environment import CudaEnvironment, environment_options
+
+    @dataclass
+    class Opts:
+        value: float = 0.5
+
+    class OwnReward(RewardFunction):
+        name = "own_pm_reward"
+        description = "A test's reward, on its own plugin manager only."
+        Options = Opts
+
+        def score(self, outcome):
+            return RewardResult(value=self.options.value, reward=self.name, correct=outcome.correct)
+
+    class Plugin:
+        @hookimpl
+        def register_rewards(self, register):
+            register(OwnReward)
+
+    pm = PluginManager()
+    pm.register(Plugin(), "own-pm-test")
+    assert "own_pm_reward" not in get_plugin_manager().components("reward")
+    cfg = OmegaConf.create({"backend": "cpu", "environment": {"evaluate_final": False},
+                            "reward": {"name": "own_pm_reward", "options": {"value": 0.75}},
+                            "executor": {"name": "cpu"}, "compiler": {"name": "gxx"}})
+    opts = environment_options(cfg)
+    assert opts.backend == "cpu" and opts.evaluate_final is False
+    env = CudaEnvironment.from_config(TASK, tmp_path / "ws", cfg, pm)
+    try:
+        r = env.service.reward.score(CandidateOutcome())
+        assert r.reward == "own_pm_reward" and r.value == 0.75
+        assert env.service.jobs.compiler.name == "gxx"
+    finally:
+        env.close()

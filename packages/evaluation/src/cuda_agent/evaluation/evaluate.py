@@ -107,7 +107,7 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
         raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
     policy = pm.create("policy", pol, where="policy")
     try:
-        from cuda_agent.sandbox.workspace.environment import CudaEnvironment, EnvironmentOptions
+        from cuda_agent.sandbox.workspace.environment import CudaEnvironment, environment_options
     except ImportError as exc:
         raise ConfigError(
             "agent evaluation needs cuda_agent.sandbox.workspace.environment.CudaEnvironment (install cuda-agent-sandbox)"
@@ -118,29 +118,12 @@ def _agent_scorer(cfg: DictConfig, pm: Any, executor: Any, opts: ScoringOptions,
     fields = set(AgentOptions.__dataclass_fields__)
     agent_options = AgentOptions(**{k: v for k, v in agent.items() if k in fields})
     agent_options.max_turns = int(cfg.eval.get("max_turns") or agent_options.max_turns)
-    env_fields = set(EnvironmentOptions.__dataclass_fields__)
-    env_cfg = _plain(cfg.get("environment")) or {}
-    env_cfg = env_cfg.get("options", env_cfg) if isinstance(env_cfg, dict) else {}
-    env_kwargs = {k: v for k, v in env_cfg.items() if k in env_fields}
-    env_kwargs["backend"] = opts.backend
+    env_options = environment_options(cfg, backend=opts.backend)
     # the episode's verify/profile requests use eval's options too (precision policy, profiler)
-    service = dict(_plain(cfg.get("service")) or {})
-    for key, extra in (("verify_options", opts.verify_options), ("profile_options", opts.profile_options)):
-        if extra:
-            service[key] = {**(service.get(key) or {}), **extra}
+    extra = {k: v for k, v in (("verify_options", opts.verify_options), ("profile_options", opts.profile_options)) if v}
 
     def make_env(task: Task, dest: Path) -> Any:
-        return CudaEnvironment(
-            task,
-            dest,
-            EnvironmentOptions(**env_kwargs),
-            compiler=_plain(cfg.get("compiler")),
-            sandbox=_plain(cfg.get("sandbox")),
-            executor=executor,
-            reward=_plain(cfg.get("reward")),
-            service_options=service or None,
-            pm=pm,
-        )
+        return CudaEnvironment.from_config(task, dest, cfg, pm, executor=executor, options=env_options, service=extra)
 
     return AgentScorer(
         policy,

@@ -86,6 +86,32 @@ def _spec(spec: Any) -> Any:
     return spec
 
 
+def _section(cfg: Any, key: str) -> Any:
+    """A config section as plain data (None when absent)."""
+    if cfg is None:
+        return None
+    node = cfg.get(key) if hasattr(cfg, "get") else None
+    return _spec(node)
+
+
+def environment_options(cfg: Any, **overrides: Any) -> EnvironmentOptions:
+    """EnvironmentOptions of a run config: its ``environment:`` section (the fields, or under
+    ``options:``), the top-level ``backend`` where the section sets none, then ``overrides``."""
+    names = {f for f in EnvironmentOptions.__dataclass_fields__}
+    node = _section(cfg, "environment") or {}
+    if isinstance(node, dict) and isinstance(node.get("options"), dict):
+        node = node["options"]
+    merged = {k: v for k, v in (node or {}).items() if k in names}
+    backend = _section(cfg, "backend")
+    if backend and "backend" not in merged:
+        merged["backend"] = backend
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"unknown environment option {unknown[0]!r}; valid: {', '.join(sorted(names))}")
+    merged.update(overrides)
+    return EnvironmentOptions(**merged)
+
+
 class CudaEnvironment(FolderEnvironment):
     """Environment over a fresh workspace for ``task`` at ``workdir``.
 
@@ -142,7 +168,7 @@ class CudaEnvironment(FolderEnvironment):
                 self._own_executor = executor
             self.service = WorkspaceService(self.ws, compiler or self.ws.compiler, executor, service_options,
                                             reward=_spec(reward), on_result=self._on_result,
-                                            socket_path=self._socket_path()).start()
+                                            socket_path=self._socket_path(), pm=self.pm).start()
         except BaseException:
             self.close()
             raise
@@ -156,6 +182,29 @@ class CudaEnvironment(FolderEnvironment):
             spawn=spawn,
             env={ENV_SOCKET: str(self.ws.service_socket)},
         )
+
+    @classmethod
+    def from_config(cls, task: Task, workdir: str | Path, cfg: Any, pm: Any = None, *, executor: Any = None,
+                    options: EnvironmentOptions | None = None, service: dict | None = None,
+                    sandbox: Any = None) -> "CudaEnvironment":
+        """The environment a run config describes, made one way for every command (optimize,
+        eval, the trainer): :func:`environment_options` (or ``options``), the ``compiler``,
+        ``sandbox`` (or ``sandbox``), ``reward`` and ``service`` sections (``service`` merged
+        over the latter, its verify/profile options key by key), and ``executor`` (shared and not
+        closed here) or the config's ``executor`` spec (made and closed by the environment).
+        ``pm`` makes every component, so plugins registered on a caller's own plugin manager
+        (a reward, say) are found."""
+        svc = dict(_section(cfg, "service") or {})
+        for key, extra in (service or {}).items():
+            if key in ("verify_options", "profile_options") and isinstance(extra, dict):
+                svc[key] = {**(svc.get(key) or {}), **extra}
+            else:
+                svc[key] = extra
+        return cls(task, workdir, options or environment_options(cfg),
+                   compiler=_section(cfg, "compiler"),
+                   sandbox=sandbox if sandbox is not None else _section(cfg, "sandbox"),
+                   executor=executor if executor is not None else _section(cfg, "executor"),
+                   reward=_section(cfg, "reward"), service_options=svc or None, pm=pm)
 
     # -- setup --------------------------------------------------------------------------
 

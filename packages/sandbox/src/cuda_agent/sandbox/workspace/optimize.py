@@ -27,7 +27,7 @@ from cuda_agent.core.agent.transcript import candidate_table
 from cuda_agent.core.errors import ConfigError, InfrastructureError, TaskError
 from cuda_agent.core.types import INFRA_ERROR, Candidate, Task, Trajectory, to_jsonable
 
-from .environment import CudaEnvironment, EnvironmentOptions, detect_backend
+from .environment import CudaEnvironment, detect_backend, environment_options
 from .solution import export_solution, recheck_commands
 
 DEMO_DIR = "data/demo"
@@ -257,30 +257,6 @@ def _agent_options(cfg: Any) -> AgentOptions:
     return AgentOptions(**{k: v for k, v in (node or {}).items() if k in names})
 
 
-def _env_options(cfg: Any, backend: str) -> EnvironmentOptions:
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.to_container(cfg.environment, resolve=True) if "environment" in cfg else {}
-    names = {f.name for f in fields(EnvironmentOptions)}
-    opts = EnvironmentOptions(**{k: v for k, v in (node or {}).items() if k in names})
-    opts.backend = backend
-    return opts
-
-
-def _compiler_for(cfg: Any, backend: str) -> Any:
-    from omegaconf import OmegaConf
-
-    from .workspace import COMPILER_BACKEND
-
-    node = cfg.get("compiler") if hasattr(cfg, "get") else None
-    if node is None or node.get("name") is None:
-        return None
-    spec = OmegaConf.to_container(node, resolve=True)
-    if COMPILER_BACKEND.get(spec["name"], backend) != backend:
-        return None  # the configured compiler is for the other backend: use this backend's default
-    return spec
-
-
 def read_task(model_path: Path) -> Task:
     if not model_path.is_file():
         raise TaskError(f"{model_path}: no such file")
@@ -309,15 +285,9 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
     run.dir = out_dir
     run.id = out_dir.name
     with run:
-        env = CudaEnvironment(
-            task, out_dir / "workspace", _env_options(cfg, backend),
-            compiler=_compiler_for(cfg, backend),
-            sandbox=_sandbox_spec(cfg, pm),
-            executor=cfg.get("executor"),
-            reward=cfg.get("reward"),
-            service_options=cfg.get("service"),
-            pm=pm,
-        )
+        env = CudaEnvironment.from_config(task, out_dir / "workspace", cfg, pm,
+                                          options=environment_options(cfg, backend=backend),
+                                          sandbox=_sandbox_spec(cfg, pm))
         bar = Progress(options.max_turns, enabled=progress)
         best_build = None
         try:

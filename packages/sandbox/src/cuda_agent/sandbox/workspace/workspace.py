@@ -33,8 +33,9 @@ from cuda_agent.core.errors import CudaAgentError, TaskError
 from cuda_agent.core.safefs import Tree, UnsafePath, file_refusal
 from cuda_agent.core.types import Task
 
+from ..compilers import DEFAULT_COMPILER  # each backend's default compiler, named there
+
 BACKENDS = ("cuda", "cpu")
-DEFAULT_COMPILER = {"cuda": "cpp_extension", "cpu": "gxx"}
 COMPILER_BACKEND = {"cpp_extension": "cuda", "nvcc": "cuda", "gxx": "cpu"}
 STATE_DIR = ".cuda_agent"
 AGENT_FILES = ("model_new.py",)

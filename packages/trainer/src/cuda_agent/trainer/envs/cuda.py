@@ -75,13 +75,7 @@ class CudaEnvironmentFactory(EnvironmentFactory):
     def env_options(self) -> Any:
         """The episodes' EnvironmentOptions: the run's ``environment:`` section (and top-level
         ``backend``), then this environment's ``options.environment``."""
-        EnvironmentOptions = self._sandbox.EnvironmentOptions
-        names = list(EnvironmentOptions.__dataclass_fields__)
-        merged = {k: v for k, v in (self._spec("environment") or {}).items() if k in names}
-        if self.cfg is not None and "backend" in self.cfg and "backend" not in merged:
-            merged["backend"] = self.cfg.backend
-        merged.update(self.options.environment)
-        return EnvironmentOptions(**merged)
+        return self._sandbox.environment_options(self.cfg, **self.options.environment)
 
     def make(self, task: Any, dest: Path | None = None) -> Any:
         opts = self.env_options()
@@ -93,10 +87,8 @@ class CudaEnvironmentFactory(EnvironmentFactory):
                         spec = {"name": "cpu"}
                     self.executor = self.pm.create("executor", spec, where="executor")
         dest = dest or self._root() / f"{task.id.replace('/', '_')}-{uuid.uuid4().hex[:8]}"
-        return self._sandbox.CudaEnvironment(task, dest, opts, compiler=self._spec("compiler"),
-                                             sandbox=self._spec("sandbox"), executor=self.executor,
-                                             reward=self._spec("reward"), service_options=self._spec("service"),
-                                             pm=self.pm)
+        return self._sandbox.CudaEnvironment.from_config(task, dest, self.cfg, self.pm, executor=self.executor,
+                                                         options=opts)
 
     def close(self) -> None:
         executor, self.executor = self.executor, None
