@@ -112,12 +112,12 @@ def find_root(arg: str | None) -> Path:
     sys.exit("KernelBench not found: pass --root or set CUDA_AGENT_KERNELBENCH")
 
 
-def pick(root: Path, n: int) -> list[tuple[object, str]]:
+def pick(root: Path, n: int, levels: tuple[int, ...] = (1, 2)) -> list[tuple[object, str]]:
     from cuda_agent.core.plugins import get_plugin_manager
 
     tasks = {t.id: t for t in get_plugin_manager().create("dataset", {"name": "kernelbench", "options": {"root": str(root)}}).tasks()}
-    l1 = [(tasks[f"L1/{s}"], l1_solution(s)) for s in ACTIVATIONS if f"L1/{s}" in tasks]
-    l2 = [(tasks[f"L2/{s}"], l2_solution(s, tasks[f"L2/{s}"].code)) for s in L2_TASKS if f"L2/{s}" in tasks]
+    l1 = [(tasks[f"L1/{s}"], l1_solution(s)) for s in ACTIVATIONS if f"L1/{s}" in tasks and 1 in levels]
+    l2 = [(tasks[f"L2/{s}"], l2_solution(s, tasks[f"L2/{s}"].code)) for s in L2_TASKS if f"L2/{s}" in tasks and 2 in levels]
     out = []
     while len(out) < n and (l1 or l2):  # alternate the levels
         for group in (l1, l2):
@@ -202,13 +202,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--paths", default="old,new")
+    ap.add_argument("--levels", default="1,2", help="KernelBench levels to take solutions from, e.g. 2")
     ap.add_argument("--root")
     ap.add_argument("--rules", default="kernelbench")
     ap.add_argument("--build-workers", type=int, default=0)
     ap.add_argument("--no-warm", action="store_true", help="do not measure the baselines first")
     args = ap.parse_args()
     root = find_root(args.root)
-    items = pick(root, args.n)
+    items = pick(root, args.n, tuple(int(x) for x in args.levels.split(",")))
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     if out_dir:
         sol = out_dir / "bench_judge_solutions"

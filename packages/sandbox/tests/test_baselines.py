@@ -434,3 +434,24 @@ def test_baselines_see_the_same_input_changes_as_a_candidate(tmp_path):
     b = key_fields("code", [], "cpu", "fp32-strict", "wallclock", {}, perturb_inputs=False)
     assert BaselineCache.key(a) != BaselineCache.key(b)
     assert BaselineOptions().perturb_inputs and jobs.ProfileOptions().perturb_inputs
+
+
+def test_a_hopelessly_slow_candidate_is_timed_no_further(relu_ws, tmp_path):
+    # 20 ms of busy work per call against an eager ReLU of microseconds: far past 20x eager
+    slow = relu_new("relu").replace("import torch\n", "import time\nimport torch\n", 1).replace(
+        "        y = torch.empty_like(x)\n",
+        "        _t = time.perf_counter()\n        while time.perf_counter() - _t < 0.02:\n            pass\n"
+        "        y = torch.empty_like(x)\n", 1)
+    assert slow != relu_new("relu")
+    (Path(relu_ws.root) / "model_new.py").write_text(slow)
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    assert r.ok, r.message
+    stopped = r.metadata["timing_stopped"]
+    assert stopped["ratio_vs_eager"] > 20 and stopped["limit"] == 20.0 and "timed no further" in stopped["why"]
+    assert r.candidate.attempts == 0 and "timing_loops" not in r.metadata and r.candidate.median_ms >= 20
+    assert r.speedup_vs_eager() < 1 / 20 and "timed no further" in r.message
+    # the same candidate with the limit off is timed in full
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path, hopeless_factor=0))
+    assert r.ok, r.message
+    assert "timing_stopped" not in r.metadata and r.metadata["timing_loops"]
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))

@@ -97,6 +97,9 @@ class ProfileOptions:
     # (see .privdrop); CUDA_AGENT_DROP_PRIVILEGES=0 switches it off too
     drop_privileges: bool = True
     weights: str = "state_dict"  # how ModelNew gets Model's weights: state_dict | auto | seeded (judge/rules.py)
+    # a candidate whose first calls are more than this many times slower than eager is timed no
+    # further: its warm-up estimate is its time, the metadata's timing_stopped says why (0: off)
+    hopeless_factor: float = 20.0
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
@@ -297,11 +300,14 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 if failed is not None:
                     return refused(failed)
                 options = dict(o.profiler_options) if timing_name == prof_name else {}
-                cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts, threads)
+                give_up = (eager.median_ms, o.hopeless_factor) if eager is not None and o.hopeless_factor > 0 else None
+                cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts, threads,
+                                                 give_up)
                 if failed is not None and failed.extra.get("profiler_error") and graph:
                     # cannot be captured: timed in the configured mode, unlike its baselines
                     meta["timing_mode"] = f"{profiler.method_name()} (baselines: {cand_prof.method_name()}; {failed.message})"[:300]
-                    cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread, o.attempts, threads)
+                    cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread, o.attempts,
+                                                     threads, give_up)
                 meta.update(timer.meta)
                 if failed is not None:
                     if failed.category is FailureCategory.CRASH and not failed.message.startswith("ModelNew"):
@@ -404,6 +410,9 @@ def _category(exc: BaseException) -> FailureCategory:
 
 def _summary(r: ProfileResult) -> str:
     parts = [f"candidate {r.candidate.median_ms:.4g} ms (±{100 * r.candidate.spread:.1f}%)"]
+    stopped = (r.metadata or {}).get("timing_stopped")
+    if isinstance(stopped, dict):
+        parts[0] = f"candidate about {r.candidate.median_ms:.4g} ms ({stopped['why']})"
     if r.eager:
         parts.append(f"eager {r.eager.median_ms:.4g} ms ({r.speedup_vs_eager():.2f}x)")
     if r.compile:

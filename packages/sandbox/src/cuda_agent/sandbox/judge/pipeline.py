@@ -14,7 +14,7 @@ through it:
 
 The workspace service (the agent's tools and the RL reward) and evaluation (``cuda-agent
 eval``) both use it, with :class:`JudgeOptions`. The job functions' import paths and each
-backend's default compiler are named here and nowhere else.
+backend's default compiler (:data:`..compilers.DEFAULT_COMPILER`) are reached through here.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from cuda_agent.core.errors import ConfigError, CudaAgentError
 from cuda_agent.core.types import CandidateOutcome, CompileResult, FailureCategory, ProfileResult, VerifyResult
 
+from ..compilers import DEFAULT_COMPILER
 from ..executors.job import Job, JobError
 
 _TASKS = "cuda_agent.sandbox.judge.tasks:"
@@ -40,7 +41,6 @@ EVALUATE_JOB = _TASKS + "evaluate"  # verify, then profile, in one worker
 PREBUILD_JOB = _TASKS + "prebuild"  # a single file's extensions, built without a GPU
 COMPILE_JOB = f"{__name__}:compile_job"  # a workspace's build, sent to a compile executor
 
-DEFAULT_COMPILER = {"cpu": "gxx", "cuda": "cpp_extension"}
 
 
 def default_compiler(backend: str) -> str:
@@ -96,6 +96,12 @@ class JudgeOptions:
     build_timeout: float = 600.0
     build_arch: str = ""  # TORCH_CUDA_ARCH_LIST of the target GPU ("" = this host's first GPU, with PTX)
     prebuilt_cache: str = ""  # where builds are kept by key ("" = <tmp>/cuda-agent-prebuilt)
+    # once a task's eager time is known (from a profile of one of its candidates), its jobs'
+    # timeouts are timeout_floor + calls x eager x hopeless_factor, at most the ones above
+    scale_timeouts: bool = True
+    timeout_floor: float = 90.0  # seconds: worker start, loading, the reference's share
+    timeout_calls: int = 60  # candidate calls a job makes, about (draws, warm-up, timed loops)
+    hopeless_factor: float = 20.0  # the slowdown against eager past which a candidate is timed no further
 
     def __post_init__(self) -> None:
         if self.compile_in not in ("worker", "inline"):
@@ -163,6 +169,7 @@ class Judge:
         self._build_pool: Any = None
         self._lock = threading.Lock()
         self._arch: str | None = None
+        self._eager_ms: dict[str, float] = {}  # task (hash of model.py) -> its eager time, from profiles
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -331,6 +338,36 @@ class Judge:
             out["message"] = str(info["message"])[:500]
         return out
 
+    # -- timeouts that scale with the task ------------------------------------------------------
+
+    @staticmethod
+    def _task_key(root: Path) -> str:
+        import hashlib
+
+        try:
+            return hashlib.sha256((Path(root) / "model.py").read_bytes()).hexdigest()[:20]
+        except OSError:
+            return ""
+
+    def _learn(self, root: Path, *results: Any) -> None:
+        for r in results:
+            eager = getattr(r, "eager", None)
+            if getattr(r, "ok", False) and eager is not None and eager.median_ms > 0:
+                key = self._task_key(root)
+                if key:
+                    self._eager_ms[key] = float(eager.median_ms)
+
+    def timeout(self, root: Path, configured: float | None, prebuilt: bool = True) -> float | None:
+        """``configured``, or less once the task's eager time is known (see :class:`JudgeOptions`);
+        a single file whose extensions were not built ahead keeps the configured one (its build
+        runs inside the job)."""
+        o = self.options
+        eager = self._eager_ms.get(self._task_key(root)) if o.scale_timeouts and prebuilt else None
+        if eager is None:
+            return configured
+        scaled = o.timeout_floor + o.timeout_calls * eager / 1e3 * max(1.0, o.hopeless_factor)
+        return scaled if configured is None else min(configured, scaled)
+
     # -- verification and profiling ---------------------------------------------------------
 
     def _run_job(self, kind: str, fn: str, root: Path, options: dict, timeout: float | None, result: type) -> Any:
@@ -344,7 +381,8 @@ class Judge:
             return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
                           metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
 
-    def verify(self, root: Path, c: CompileResult | None = None, options: dict | None = None) -> VerifyResult:
+    def verify(self, root: Path, c: CompileResult | None = None, options: dict | None = None,
+               prebuilt: bool = True) -> VerifyResult:
         """Verify the candidate in ``root`` (after the build ``c``: a failed build is a failed
         verification, not a job)."""
         if c is not None and not c.ok:
@@ -352,20 +390,25 @@ class Judge:
             return VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR, message=f"compile failed: {first}")
         o = self.options
         opts = o.verify_options if options is None else options
-        return self._run_job("verify", o.verify_job, root, opts, o.verify_timeout, VerifyResult)
+        return self._run_job("verify", o.verify_job, root, opts, self.timeout(root, o.verify_timeout, prebuilt),
+                             VerifyResult)
 
-    def profile(self, root: Path, options: dict | None = None) -> ProfileResult:
+    def profile(self, root: Path, options: dict | None = None, prebuilt: bool = True) -> ProfileResult:
         o = self.options
         opts = o.profile_options if options is None else options
-        return self._run_job("profile", o.profile_job, root, opts, o.profile_timeout, ProfileResult)
+        r = self._run_job("profile", o.profile_job, root, opts, self.timeout(root, o.profile_timeout, prebuilt),
+                          ProfileResult)
+        self._learn(root, r)
+        return r
 
     def evaluate(self, root: Path, verify_options: dict | None = None, profile_options: dict | None = None,
-                 job: str = "", split: bool = True) -> tuple[VerifyResult, ProfileResult | None] | None:
+                 job: str = "", split: bool = True, prebuilt: bool = True) -> tuple[VerifyResult, ProfileResult | None] | None:
         """Verify + profile as one job (``job``, default ``evaluate_job`` or the built-in one).
         When it does not return: None with ``split`` (two jobs then tell which step failed),
         else a failed verification saying why."""
         o = self.options
-        timeout = o.verify_timeout + o.profile_timeout if o.verify_timeout and o.profile_timeout else None
+        vt, pt = self.timeout(root, o.verify_timeout, prebuilt), self.timeout(root, o.profile_timeout, prebuilt)
+        timeout = vt + pt if vt and pt else None
         j = Job(job or o.evaluate_job or EVALUATE_JOB, {
             "workspace": str(root),
             "verify_options": dict(o.verify_options if verify_options is None else verify_options),
@@ -379,6 +422,7 @@ class Judge:
                 return None
             return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
                                 metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]}), None
+        self._learn(root, p)
         return v, p
 
     # -- the whole pipeline ---------------------------------------------------------------------
@@ -406,13 +450,14 @@ class Judge:
         elif self.options.prebuild:
             info = self.prebuild(root)
         vopts, popts = self.job_options(single_file)
-        both = self.evaluate(root, vopts, popts, split=False) if one_job and profile else None
+        ahead = not single_file or (info is not None and str(info.get("built", "")).startswith("ahead"))
+        both = self.evaluate(root, vopts, popts, split=False, prebuilt=ahead) if one_job and profile else None
         if both is not None:
             outcome.verify, outcome.profile = both
         else:
-            outcome.verify = self.verify(root, outcome.compile, vopts)
+            outcome.verify = self.verify(root, outcome.compile, vopts, prebuilt=ahead)
             if outcome.verify.ok and profile:
-                outcome.profile = self.profile(root, popts)
+                outcome.profile = self.profile(root, popts, prebuilt=ahead)
         if info is not None:
             for r in (outcome.verify, outcome.profile):
                 if r is not None and isinstance(r.metadata, dict):
