@@ -455,3 +455,18 @@ def test_a_hopelessly_slow_candidate_is_timed_no_further(relu_ws, tmp_path):
     assert r.ok, r.message
     assert "timing_stopped" not in r.metadata and r.metadata["timing_loops"]
     (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))
+
+
+def test_timings_that_stay_unsteady_mark_the_result_and_the_reward_untrusted(relu_ws, tmp_path):
+    from cuda_agent.core.types import CandidateOutcome, VerifyResult
+    from cuda_agent.rewards.functions import MilestoneReward
+
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path, trust_spread=1e-12, attempts=1))
+    assert r.ok and r.metadata["unsteady"].startswith("unsteady host: candidate spread")
+    assert "result not trusted" in r.message
+    reward = MilestoneReward().score(CandidateOutcome(verify=VerifyResult(ok=True), profile=r))
+    assert reward.raw["trusted"] is False and "unsteady host" in reward.raw["unsteady"]
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path, trust_spread=0.0, attempts=1))
+    assert r.ok and "unsteady" not in r.metadata
+    assert MilestoneReward().score(CandidateOutcome(verify=VerifyResult(ok=True), profile=r)).raw["trusted"] is True

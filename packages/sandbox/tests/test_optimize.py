@@ -105,3 +105,24 @@ def test_optimize_reports_bad_input_in_one_line(tmp_path, capfd):
     assert "replay needs options.path" in capfd.readouterr().err
     assert main(["optimize", str(good), "--policy", "opnai"]) == 2
     assert "did you mean 'openai'" in capfd.readouterr().err
+
+
+def test_the_report_says_when_a_speedup_was_measured_on_an_unsteady_host(tmp_path):
+    from cuda_agent.core.types import (Candidate, CandidateOutcome, ProfileResult, Task, Timing, Trajectory,
+                                       VerifyResult)
+    from cuda_agent.sandbox.workspace.optimize import build_report, render_report
+
+    why = "unsteady host: candidate spread 40% after 3 attempt(s), above 25%: result not trusted (the speedup may be noise)"
+    prof = ProfileResult(ok=True, candidate=Timing(median_ms=1.0, spread=0.4), eager=Timing(median_ms=2.0, spread=0.05),
+                         compile=Timing(median_ms=1.5, spread=0.05), metadata={"unsteady": why})
+    traj = Trajectory(id="tr", task_id="t")
+    traj.best = Candidate(turn=0, files={"model_new.py": "x"},
+                          outcome=CandidateOutcome(verify=VerifyResult(ok=True), profile=prof))
+    traj.candidates.append(traj.best)
+    rep = build_report(Task(id="t", source="test", code=""), None, traj, "cpu", "replay", "", tmp_path)
+    assert rep["unsteady"] == why
+    text = render_report(rep, traj)
+    assert "**Unsteady host: candidate spread 40%" in text and "quieter host" in text
+    prof.metadata = {}
+    assert "unsteady" not in render_report(build_report(Task(id="t", source="test", code=""), None, traj, "cpu",
+                                                        "replay", "", tmp_path), traj).lower()

@@ -31,6 +31,10 @@ def _raw(outcome: CandidateOutcome) -> dict:
             raw["max_rel_err"] = max(rels)
     if p is not None:
         raw["profile_seconds"] = p.seconds
+        if p.ok:  # a speedup measured on an unsteady host is marked, not believed silently
+            raw["trusted"] = not (p.metadata or {}).get("unsteady")
+            if not raw["trusted"]:
+                raw["unsteady"] = str(p.metadata["unsteady"])[:300]
         for label, timing in (("candidate", p.candidate), ("eager", p.eager), ("compile", p.compile)):
             if timing is not None:
                 raw[f"t_{label}_ms"] = timing.median_ms

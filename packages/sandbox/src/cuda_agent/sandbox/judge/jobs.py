@@ -100,6 +100,10 @@ class ProfileOptions:
     # a candidate whose first calls are more than this many times slower than eager is timed no
     # further: its warm-up estimate is its time, the metadata's timing_stopped says why (0: off)
     hopeless_factor: float = 20.0
+    # a result whose candidate, eager or compile timing still spreads (IQR / median) more than
+    # this after its attempts is marked unsteady ("unsteady" in the metadata, the reward's raw
+    # "trusted": false): its speedup may be the host's noise (0: never marked)
+    trust_spread: float = 0.25
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
@@ -327,6 +331,9 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
             except CandidateProcessError as exc:
                 r = refusal_from_error(exc, "ModelNew failed while being timed")
                 return fail(r.category, r.message)
+    unsteady = _unsteady(o.trust_spread, candidate=cand_timing, eager=eager, compile=comp)
+    if unsteady:
+        meta["unsteady"] = unsteady
     res = ProfileResult(ok=True, candidate=cand_timing, eager=eager, compile=comp, seconds=0.0, metadata=meta)
     meta.update({k: v for k, v in session.meta.items() if k not in meta})
     if "tf32_baselines" in meta and cand_timing.median_ms > 0:
@@ -408,6 +415,17 @@ def _category(exc: BaseException) -> FailureCategory:
     return FailureCategory.CRASH
 
 
+def _unsteady(limit: float, **timings: Any) -> str:
+    """Why a result's timings are too unsteady to trust ("" when they are steady enough)."""
+    if not limit or limit <= 0:
+        return ""
+    bad = [f"{name} spread {t.spread:.0%} after {max(1, t.attempts)} attempt(s)" for name, t in timings.items()
+           if t is not None and t.spread > limit]
+    if not bad:
+        return ""
+    return f"unsteady host: {', '.join(bad)}, above {limit:.0%}: result not trusted (the speedup may be noise)"
+
+
 def _summary(r: ProfileResult) -> str:
     parts = [f"candidate {r.candidate.median_ms:.4g} ms (±{100 * r.candidate.spread:.1f}%)"]
     stopped = (r.metadata or {}).get("timing_stopped")
@@ -417,4 +435,6 @@ def _summary(r: ProfileResult) -> str:
         parts.append(f"eager {r.eager.median_ms:.4g} ms ({r.speedup_vs_eager():.2f}x)")
     if r.compile:
         parts.append(f"torch.compile {r.compile.median_ms:.4g} ms ({r.speedup_vs_compile():.2f}x)")
+    if (r.metadata or {}).get("unsteady"):
+        return ", ".join(parts) + f"; {r.metadata['unsteady']}"
     return ", ".join(parts)

@@ -173,6 +173,7 @@ def build_report(task: Task, model_path: Path | None, traj: Trajectory, backend:
         "speedup_vs_eager": p.speedup_vs_eager() if p and p.ok else None,
         "speedup_vs_compile": p.speedup_vs_compile() if p and p.ok else None,
         "timings": _timings(best),
+        "unsteady": (p.metadata or {}).get("unsteady") if p is not None and p.ok else None,
         "reward": to_jsonable(traj.reward) if traj.reward else None,
         "best_turn": best.turn if best else None,
         "best_files": sorted(best.files) if best else [],
@@ -221,12 +222,15 @@ def render_report(rep: dict, traj: Trajectory) -> str:
             rows.append((name, f"{t['median_ms']:.4g} ms (spread {t['spread'] * 100:.1f}%, {t['method'] or 'timed'})"))
     if rep["reward"]:
         r = rep["reward"]
-        rows.append(("reward", f"{r['value']:g} ({r['reward']})"))
+        rows.append(("reward", f"{r['value']:g} ({r['reward']})" + (" -- not trusted: unsteady host" if rep.get("unsteady") else "")))
     if rep["verified"]:
         rows.append(("best version", f"turn {rep['best_turn']}: {', '.join(rep['best_files'])}"))
     lines += [f"| {a} | {b} |" for a, b in rows]
     if rep["timings"]:
         lines += ["", SPREAD_NOTE]
+    if rep.get("unsteady"):
+        lines += ["", f"**{rep['unsteady'][0].upper()}{rep['unsteady'][1:]}.** Run it again on a quieter host "
+                      "(or with fewer other jobs) before believing the speedup."]
     if traj.candidates:
         lines += ["", "## Every verified version", "", candidate_table(traj)]
     lines += ["", "## Files", ""]
