@@ -51,30 +51,55 @@ def make_env(path):
                              system_prompt="Call bash once, then answer DONE.")
 
 
-def teach(model, ids: list[int], mask: list[int], steps: int = 160) -> float:
+def teach(model, ids: list[int], mask: list[int], steps: int = 300) -> float:
     """Optimise the masked tokens' likelihood until the model repeats them; returns the last loss."""
     labels = torch.tensor([[i if m else -100 for i, m in zip(ids, mask)]])
     x = torch.tensor([ids])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(steps):
-        loss = model(input_ids=x, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 4e-3:
-            break
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside another test process on two cores, two threads each wait on the other
+    try:
+        for _ in range(steps):
+            loss = model(input_ids=x, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if loss.item() < 4e-3:
+                break
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     return float(loss.detach())
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_tiny_model):
+def taught(vllm_tiny_model, tmp_path_factory):
+    """``(base, taught, script, folder)``: the tiny model, a copy taught the script's episode, that
+    episode, and its workspace (the folder's path is in the prompt: the taught episode runs there)."""
+    from cuda_agent.core.policies.hf import HFPolicy
+
+    base = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
+    copy = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
+    # the script as an episode of the environment: the exact ids the agent loop builds
+    folder = tmp_path_factory.mktemp("workspace")
+    script = run_episode_sync(TASK, ScriptedPolicy(copy.tokenizer), make_env(folder))
+    ids = script.prompt_ids + script.response_ids
+    assert teach(copy.model, ids, [0] * len(script.prompt_ids) + script.loss_mask) < 0.02
+    return base, copy, script, folder
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_tiny_model, taught):
+    """The engine, started after the teaching: once it runs in this process, vLLM keeps torch's
+    thread count where it was (``torch.set_num_threads`` does nothing)."""
     pytest.importorskip("vllm")
     from cuda_agent.core.policies.vllm import VLLMPolicy
 
     mp = pytest.MonkeyPatch()
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process: put it back after
+    mp.setattr(torch, "set_num_threads", torch.set_num_threads)
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the test process's threads where they are
     pol = VLLMPolicy(VLLMPolicy.Options(
@@ -85,18 +110,11 @@ def engine(vllm_tiny_model):
     finally:
         pol.close()
         mp.undo()
+        torch.set_num_threads(torch.get_num_threads())  # the real one again (the no-op would warn)
 
 
-def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, vllm_tiny_model, tmp_path):
-    from cuda_agent.core.policies.hf import HFPolicy
-
-    base = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
-    taught = HFPolicy(HFPolicy.Options(model=str(vllm_tiny_model)))
-    # the script as an episode of the environment: the exact ids the agent loop builds
-    script = run_episode_sync(TASK, ScriptedPolicy(taught.tokenizer), make_env(tmp_path / "script"))
-    ids = script.prompt_ids + script.response_ids
-    assert teach(taught.model, ids, [0] * len(script.prompt_ids) + script.loss_mask) < 0.02
-
+def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, taught):
+    base, taught, script, folder = taught
     prompt = script.prompt_ids
     before, before_lps, _ = asyncio.run(engine.generate(prompt, {"max_tokens": 8, "temperature": 1.0}))
     assert base.score(prompt + before, len(prompt), 1.0) == pytest.approx(before_lps, abs=TOLERANCE)
@@ -104,7 +122,7 @@ def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, vllm_ti
     state = taught.model.state_dict()
     assert engine.update_weights(iter(state.items())) == len(state)
 
-    env = make_env(tmp_path / "episode")
+    env = make_env(folder)
     traj = run_episode_sync(TASK, engine, env, AgentOptions(max_turns=3, max_tokens_per_turn=48,
                                                             sampling={"temperature": TEMPERATURE}))
     env.close()

@@ -35,7 +35,6 @@ FIXED_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def servers(vllm_tiny_model, tmp_path_factory):
-    pytest.importorskip("vllm")
     from cuda_agent.core.policies.vllm_launch import VLLMServe, cpu_args
 
     logs = tmp_path_factory.mktemp("vllm-logs")

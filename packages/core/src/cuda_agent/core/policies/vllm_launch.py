@@ -91,9 +91,9 @@ class VLLMServe:
 
     def start(self) -> "VLLMServe":
         """Start the process (returns at once); :meth:`wait_ready` waits for ``/health``."""
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:  # found, not imported: the server imports it
             raise ConfigError("vllm is not installed: bash scripts/install_vllm.sh (or pip install vllm)")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
