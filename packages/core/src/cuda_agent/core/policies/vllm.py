@@ -59,7 +59,7 @@ class VLLMPolicy(Policy):
         try:
             import vllm
         except ImportError:
-            raise ConfigError("policy vllm needs the vllm package (pip install vllm)")
+            raise ConfigError("policy vllm needs vLLM: bash scripts/install_vllm.sh (the CPU build where there is no GPU; keeps torch)")
         o = self.options
         if not o.model:
             raise ConfigError("policy vllm needs options.model")
