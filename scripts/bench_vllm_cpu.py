@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             name = f"Qwen2 {hidden}x{layers}"
             folder = build_tiny_model(Path(tmp) / f"m{hidden}x{layers}", hidden_size=hidden, num_layers=layers,
                                       num_heads=hidden // 64, seed=args.seed)
-            row = {"model": name, "batch": args.batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
+            row = {"model": name, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+                   "new_tokens": args.new_tokens}
             for engine in ("hf", "vllm"):
                 print(f"== {name}: {engine}", file=sys.stderr, flush=True)
                 row.update(run_worker(engine, folder, argv if argv is not None else sys.argv[1:]))

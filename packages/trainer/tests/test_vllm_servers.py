@@ -29,7 +29,8 @@ TOLERANCE = 2e-3  # float32 on both sides; vLLM's CPU kernels sum in another ord
 FIXED_PROMPTS = [
     "<|im_start|>user\n" + "Read model.py, write kernels/fused.cpp and model_new.py, compile, verify and profile. " * 12
     + "<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\n" + "The quick brown fox jumps over the lazy dog. 0123456789 " * 20 + "<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\n" + "The quick brown fox jumps over the lazy dog. 0123456789 " * 20
+    + "<|im_end|>\n<|im_start|>assistant\n",
 ]
 
 
@@ -79,15 +80,17 @@ def ppo_config(tmp_path, model, urls, sync_dir, steps: int):
 
     over = tmp_path / "over.yaml"
     over.write_text(yaml.safe_dump({
-        "policy": {"name": "vllm_server", "options": {"base_urls": urls, "model": "", "weight_sync_dir": str(sync_dir),
-                                                      "max_retries": 1, "backoff": 0.05, "seed": 0}},
+        "policy": {"name": "vllm_server", "options": {
+            "base_urls": urls, "model": "", "weight_sync_dir": str(sync_dir), "max_retries": 1, "backoff": 0.05,
+            "seed": 0}},
         "trainer": {
             "model": {"path": str(model)},
             "environment": {"name": "toy", "options": {"num_targets": 12}},
             "agent_defaults": {"max_turns": 2, "context_tokens": 2048, "max_tokens_per_turn": 8},
             "rollout": {"engine": "policy"},
             "stages": [{"name": "ppo", "steps": steps, "algorithm": {"name": "ppo", "options": {
-                "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8, "actor_lr": 1e-2, "critic_lr": 1e-2}}}]}}))
+                "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8,
+                "actor_lr": 1e-2, "critic_lr": 1e-2}}}]}}))
     return compose([TOY, over], [f"run.output_dir={tmp_path / 'runs'}", "logging.console=false"])
 
 
@@ -162,7 +165,8 @@ def test_server_killed_mid_rollout_is_an_infrastructure_error(servers, vllm_tiny
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             text = httpx.get(victim.root + "/metrics", timeout=10).text
-            running = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vllm:num_requests_running"))
+            running = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                          if x.startswith("vllm:num_requests_running"))
             if running > 0:
                 victim.kill()
                 return

@@ -59,7 +59,8 @@ class VLLMPolicy(Policy):
         try:
             import vllm
         except ImportError:
-            raise ConfigError("policy vllm needs vLLM: bash scripts/install_vllm.sh (the CPU build where there is no GPU; keeps torch)")
+            raise ConfigError("policy vllm needs vLLM: bash scripts/install_vllm.sh "
+                              "(the CPU build where there is no GPU; keeps torch)")
         o = self.options
         if not o.model:
             raise ConfigError("policy vllm needs options.model")
@@ -96,7 +97,8 @@ class VLLMPolicy(Policy):
             skip_special_tokens=False,
         )
 
-    def generate_batch(self, prompts: list[list[int]], samplings: list[dict]) -> list[tuple[list[int], list[float], str]]:
+    def generate_batch(self, prompts: list[list[int]],
+                       samplings: list[dict]) -> list[tuple[list[int], list[float], str]]:
         """Sampled ids, their log-probs and ``stop``/``length`` for each prompt, in one engine call."""
         t0 = time.monotonic()
         with self._lock:  # one engine call at a time (weight updates included)
