@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from cuda_agent.core.policies.batching import RequestBatcher
+from cuda_agent.core.policies.batching import BatchStats, RequestBatcher, zero_stats
 
 
-class ActorPolicy:
+class ActorPolicy(BatchStats):
     name = "actor"
     token_level = True
 
@@ -48,7 +48,7 @@ class ActorPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self._batcher = RequestBatcher(self.generate_batch, max_batch, self.gather_s)
         self._lock = threading.Lock()
-        self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        self.stats = zero_stats()
         self.seed = seed
         self.autocast_dtype = autocast_dtype  # e.g. bfloat16: generate under autocast on CUDA
         self.gather = gather  # () -> context manager making partitioned (ZeRO-3) parameters whole
@@ -116,15 +116,8 @@ class ActorPolicy:
                         break
                 results.append((row[:end], logp[i, :end].tolist(), reason))
                 n_tokens += end
-            self.stats["generated_tokens"] += n_tokens
-            self.stats["generate_seconds"] += time.monotonic() - t0
-            self.stats["calls"] += len(prompts)
-            self.stats["batches"] += 1
+            self.record_batch(n_tokens, time.monotonic() - t0, len(prompts))
             return results
-
-    def reset_stats(self) -> dict:
-        s, self.stats = self.stats, {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
-        return s
 
 
 def sync_policy_weights(policy: Any, state_dict: dict | None = None, engine: Any = None) -> str:

@@ -15,6 +15,28 @@ from typing import Callable
 Result = tuple[list[int], list[float], str]
 
 
+def zero_stats() -> dict:
+    return {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+
+
+class BatchStats:
+    """Counters of batched generation (``stats``), which the trainer's rollout metrics read
+    through ``reset_stats()``; a policy sets ``self.stats = zero_stats()`` and records each call."""
+
+    stats: dict
+
+    def record_batch(self, tokens: int, seconds: float, calls: int) -> None:
+        self.stats["generated_tokens"] += int(tokens)
+        self.stats["generate_seconds"] += float(seconds)
+        self.stats["calls"] += int(calls)
+        self.stats["batches"] += 1
+
+    def reset_stats(self) -> dict:
+        """The counters since the last reset (generated tokens, seconds, requests, batched calls)."""
+        s, self.stats = self.stats, zero_stats()
+        return s
+
+
 class RequestBatcher:
     """``await submit(prompt_ids, sampling)`` -> ``run_batch([prompt], [sampling])[i]``, batched."""
 

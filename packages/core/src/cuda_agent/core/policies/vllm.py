@@ -23,7 +23,7 @@ from typing import Any
 from ..agent.loop import PolicyError
 from ..errors import ConfigError
 from ..interfaces import Policy
-from .batching import RequestBatcher
+from .batching import BatchStats, RequestBatcher, zero_stats
 
 
 @dataclass
@@ -45,7 +45,7 @@ class VLLMOptions:
     engine_args: dict = field(default_factory=dict)  # passed to vllm.LLM as they are
 
 
-class VLLMPolicy(Policy):
+class VLLMPolicy(BatchStats, Policy):
     """Token-level generation with ``vllm.LLM``: sampled ids and their log-probs (logprobs=0);
     requests of concurrent episodes are sampled together."""
 
@@ -79,7 +79,7 @@ class VLLMPolicy(Policy):
         self.stop_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in o.stop_tokens]
         self.stop_ids = [int(i) for i in self.stop_ids if i is not None and i != self.tokenizer.unk_token_id]
         self._lock = threading.Lock()
-        self.stats = {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
+        self.stats = zero_stats()
         self._batcher = RequestBatcher(self.generate_batch, o.max_batch)
 
     async def generate(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
@@ -112,16 +112,8 @@ class VLLMPolicy(Policy):
             if len(lps) != len(ids):
                 raise PolicyError(f"vLLM returned {len(ids)} token ids but {len(lps)} log-probs")
             results.append((ids, lps, "stop" if out.finish_reason == "stop" else "length"))
-        self.stats["generated_tokens"] += sum(len(r[0]) for r in results)
-        self.stats["generate_seconds"] += time.monotonic() - t0
-        self.stats["calls"] += len(prompts)
-        self.stats["batches"] += 1
+        self.record_batch(sum(len(r[0]) for r in results), time.monotonic() - t0, len(prompts))
         return results
-
-    def reset_stats(self) -> dict:
-        """Generated tokens, engine seconds, requests and engine calls since the last reset."""
-        s, self.stats = self.stats, {"generated_tokens": 0, "generate_seconds": 0.0, "calls": 0, "batches": 0}
-        return s
 
     def update_weights(self, named_tensors) -> int:
         """Load new weights (``(name, tensor)`` pairs, Hugging Face names) into every worker of
