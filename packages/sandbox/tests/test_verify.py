@@ -248,7 +248,7 @@ def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_refere
 
     (Path(linear_ws.root) / "model_new.py").write_text(LINEAR_NEW.replace("{name}", "fc"))
     v, p = evaluate(str(linear_ws.root), "cpu", {"num_inputs": 1, "extra_draws": []},
-                    {"num_input_sets": 1, "attempts": 1, "compile_baseline": False})
+                    {"num_input_sets": 1, "attempts": 1, "compile_baseline": False, "hopeless_factor": 0})
     assert v.ok, v.message
     assert p is not None and p.ok, p.message
     assert p.metadata["spot_check"] == "passed"

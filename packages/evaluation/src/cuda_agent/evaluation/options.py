@@ -26,6 +26,7 @@ class EvalOptions:
     rules: str
     verify: dict
     profile: dict
+    judge: dict
     formats: list
     title: str | None
     label: str | None
