@@ -39,3 +39,13 @@ def test_judge_options_of_eval_are_checked_up_front():
         judge_for(object(), ScoringOptions(verify_options={"num_input": 2}))
     j = judge_for(object(), ScoringOptions(judge={"build_workers": 3, "prebuild": True}))
     assert j.build_workers() == 3 and j.options.prebuild
+
+
+def test_eval_judge_options_come_from_the_config(tmp_path):
+    from cuda_agent.core.config import compose
+    from cuda_agent.evaluation.evaluate import _scoring_options
+
+    cfg = compose(overrides=["eval.judge.prebuild=false", "eval.judge.build_workers=3"])
+    o = _scoring_options(cfg, "cpu", tmp_path)
+    j = judge_for(object(), o)
+    assert o.judge == {"prebuild": False, "build_workers": 3} and not j.options.prebuild and j.build_workers() == 0

@@ -42,7 +42,7 @@ SLOT_KINDS = {
 # list key -> kind of its elements
 LIST_SLOT_KINDS = {"trackers": "tracker", "checks": "correctness_check", "tools": "agent_tool"}
 # mappings whose keys are free-form
-OPEN_KEYS = {"options", "metadata", "env", "extra", "sampling", "verify_options", "profile_options"}
+OPEN_KEYS = {"options", "metadata", "env", "extra", "sampling", "verify_options", "profile_options", "judge"}
 
 
 def base_config() -> DictConfig:
