@@ -11,6 +11,7 @@ before the update were the untaught model's.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -100,6 +101,10 @@ def engine(vllm_tiny_model, taught):
     mp = pytest.MonkeyPatch()
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process: put it back after
     mp.setattr(torch, "set_num_threads", torch.set_num_threads)
+    threads = torch.get_num_threads()
+    # its attention checks that a call runs on as many threads as the process may use cores
+    # (another test file may have lowered torch's count for this process)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the test process's threads where they are
     pol = VLLMPolicy(VLLMPolicy.Options(
@@ -110,7 +115,7 @@ def engine(vllm_tiny_model, taught):
     finally:
         pol.close()
         mp.undo()
-        torch.set_num_threads(torch.get_num_threads())  # the real one again (the no-op would warn)
+        torch.set_num_threads(threads)
 
 
 def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, taught):
