@@ -46,7 +46,7 @@ def recheck_commands(folder: str | Path) -> list[str]:
 def export_solution(dest: Path, task: Task, files: dict[str, str], ws: Workspace, build: Any = None) -> str | None:
     """Write the solution ``files`` of ``task`` (in workspace ``ws``'s form) to ``dest`` as a
     folder that stands on its own; ``build(src, build_dir)`` builds its kernels (a
-    :class:`~.service_jobs.ServiceJobs`' ``build``). Returns why the build is missing, or None."""
+    :class:`..judge.pipeline.Judge`'s ``build``). Returns why the build is missing, or None."""
     dest = Path(dest)
     for rel, text in files.items():
         if not is_agent_path(rel):
