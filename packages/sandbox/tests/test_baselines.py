@@ -470,3 +470,11 @@ def test_timings_that_stay_unsteady_mark_the_result_and_the_reward_untrusted(rel
     r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path, trust_spread=0.0, attempts=1))
     assert r.ok and "unsteady" not in r.metadata
     assert MilestoneReward().score(CandidateOutcome(verify=VerifyResult(ok=True), profile=r)).raw["trusted"] is True
+
+
+def test_a_fast_call_is_timed_in_full_however_many_times_eager(relu_ws, tmp_path):
+    # the honest kernel is many times eager's microseconds on a busy host, but each call is cheap
+    (Path(relu_ws.root) / "model_new.py").write_text(relu_new("relu"))
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path, hopeless_factor=1e-6))
+    assert r.ok, r.message
+    assert "timing_stopped" not in r.metadata and r.metadata["timing_loops"]

@@ -100,6 +100,7 @@ class ProfileOptions:
     # a candidate whose first calls are more than this many times slower than eager is timed no
     # further: its warm-up estimate is its time, the metadata's timing_stopped says why (0: off)
     hopeless_factor: float = 20.0
+    hopeless_min_ms: float = 10.0  # ... and more than this per call (a fast call costs little to time in full)
     # a result whose candidate, eager or compile timing still spreads (IQR / median) more than
     # this after its attempts is marked unsteady ("unsteady" in the metadata, the reward's raw
     # "trusted": false): its speedup may be the host's noise (0: never marked)
@@ -304,7 +305,8 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 if failed is not None:
                     return refused(failed)
                 options = dict(o.profiler_options) if timing_name == prof_name else {}
-                give_up = (eager.median_ms, o.hopeless_factor) if eager is not None and o.hopeless_factor > 0 else None
+                give_up = (eager.median_ms, o.hopeless_factor, o.hopeless_min_ms) \
+                    if eager is not None and o.hopeless_factor > 0 else None
                 cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts, threads,
                                                  give_up)
                 if failed is not None and failed.extra.get("profiler_error") and graph:

@@ -218,10 +218,11 @@ class CandidateTimer:
     # -- one timing -------------------------------------------------------------------------
 
     def time(self, profiler: Any, name: str, options: dict, graph: bool, max_spread: float, attempts: int,
-             cpu_threads: int | None, give_up: tuple[float, float] | None = None) -> tuple[Timing | None, Refusal | None]:
-        """The candidate's timing (or why it was refused). ``give_up``: ``(eager_ms, factor)``:
-        a candidate whose first calls take more than ``factor`` times eager is timed no further
-        (its warm-up estimate stands, ``timing_stopped`` in the metadata says why)."""
+             cpu_threads: int | None, give_up: tuple[float, float, float] | None = None) -> tuple[Timing | None, Refusal | None]:
+        """The candidate's timing (or why it was refused). ``give_up``: ``(eager_ms, factor,
+        min_ms)``: a candidate whose first calls take more than ``factor`` times eager and more
+        than ``min_ms`` each is timed no further (its warm-up estimate stands, ``timing_stopped``
+        in the metadata says why); a fast call, however many times eager, is timed in full."""
         from ..isolation import hostlock
 
         self.threads = cpu_threads
@@ -242,7 +243,8 @@ class CandidateTimer:
         except (TypeError, ValueError):
             return None, Refusal(FailureCategory.CRASH, "the candidate process sent a malformed warm-up")
         method = prof.method_name()
-        if give_up is not None and give_up[0] > 0 and give_up[1] > 0 and estimate > give_up[0] * give_up[1]:
+        if give_up is not None and give_up[0] > 0 and give_up[1] > 0 and estimate > give_up[0] * give_up[1] \
+                and estimate > give_up[2]:
             # hopeless: the estimate is the candidate's own report, and only ever counts against it
             from .profilers.base import summarize
 
