@@ -52,8 +52,9 @@ def make_env(path):
                              system_prompt="Call bash once, then answer DONE.")
 
 
-def teach(model, ids: list[int], mask: list[int], steps: int = 300) -> float:
-    """Optimise the masked tokens' likelihood until the model repeats them; returns the last loss."""
+def teach(model, ids: list[int], mask: list[int], steps: int = 1500) -> float:
+    """Optimise the masked tokens' likelihood until the model repeats them (at most ``steps``; a prompt
+    whose length depends on the temporary folder's path takes more on some runs); returns the last loss."""
     labels = torch.tensor([[i if m else -100 for i, m in zip(ids, mask)]])
     x = torch.tensor([ids])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
