@@ -43,8 +43,22 @@ _ATTR_POSIX_FD_SUPPORTED = 103  # CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DES
 
 
 class _Handle(ctypes.Structure):
-    # bytes, not c_char: a c_char array field reads back cut at its first zero byte
-    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]
+    _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
+
+
+def handle_bytes(h: _Handle) -> bytes:
+    """All ``HANDLE_BYTES`` bytes of a handle. (Reading the ``c_char`` array field gives a
+    bytes object cut at its first zero byte: a real handle has zeros in it, and the cut one
+    could never be opened.)"""
+    return bytes(h)
+
+
+def handle_from_bytes(handle: bytes) -> _Handle:
+    if len(handle) != HANDLE_BYTES:
+        raise IpcError(f"an IPC handle of {len(handle)} bytes (expected {HANDLE_BYTES})")
+    h = _Handle()
+    ctypes.memmove(ctypes.addressof(h), handle, HANDLE_BYTES)
+    return h
 
 
 class _Location(ctypes.Structure):
@@ -161,16 +175,13 @@ def export(ptr: int) -> tuple[bytes, int, int]:
     base, size = allocation_of(ptr)
     h = _Handle()
     _check(rt.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base)), "cudaIpcGetMemHandle")
-    return bytes(h.reserved), ptr - base, size
+    return handle_bytes(h), ptr - base, size
 
 
 def open_handle(handle: bytes) -> tuple[int, int]:
     """Map another process's allocation: (base pointer here, its size)."""
-    if len(handle) != HANDLE_BYTES:
-        raise IpcError(f"an IPC handle of {len(handle)} bytes (expected {HANDLE_BYTES})")
+    h = handle_from_bytes(handle)
     rt, _ = _libs()
-    h = _Handle()
-    ctypes.memmove(ctypes.addressof(h), handle, HANDLE_BYTES)
     p = ctypes.c_void_p(0)
     _check(rt.cudaIpcOpenMemHandle(ctypes.byref(p), h, IPC_LAZY_ENABLE_PEER_ACCESS), "cudaIpcOpenMemHandle")
     base = int(p.value or 0)
