@@ -211,6 +211,11 @@ def cross(method: str, isolated: bool) -> dict:
                 cuda_ipc.copy(got.data_ptr(), base + int(msg["offset"]), MAP_BYTES)
                 cuda_ipc.close_handle(base)
             else:
+                import stat
+
+                st_ = os.fstat(fds[0])
+                res["fd_kind"] = (f"{stat.filemode(st_.st_mode)} rdev={os.major(st_.st_rdev)}:{os.minor(st_.st_rdev)} "
+                                  f"-> {os.readlink(f'/proc/self/fd/{fds[0]}')}")
                 ptr, size = cuda_ipc.import_fd(fds[0], MAP_BYTES, 0)
                 got = torch.empty(MAP_BYTES, dtype=torch.uint8, device="cuda")
                 cuda_ipc.copy(got.data_ptr(), ptr, MAP_BYTES)
@@ -377,7 +382,8 @@ def main() -> int:
             RESULTS["cross"].append(r)
             say(f"  {method:<8} exporter: {r['exporter']:<48} -> {r.get('result')}  "
                 f"(map {r.get('map_s', '-')} s, total {r.get('total_s')} s)"
-                + (f"  oversize map: {r['oversize_map']}" if "oversize_map" in r else ""))
+                + (f"  oversize map: {r['oversize_map']}" if "oversize_map" in r else "")
+                + (f"  fd: {r['fd_kind']}" if "fd_kind" in r else ""))
             if r.get("tb"):
                 say("    " + r["tb"].strip().splitlines()[-1])
     say("== 4. the judge's path: one candidate process, load + 2 runs")
