@@ -220,6 +220,18 @@ def cross(method: str, isolated: bool) -> dict:
                 got = torch.empty(MAP_BYTES, dtype=torch.uint8, device="cuda")
                 cuda_ipc.copy(got.data_ptr(), ptr, MAP_BYTES)
                 cuda_ipc.unmap_fd(ptr, size)
+                # descriptors of anything else must be refused by the driver
+                for name, make in (("a memory file", lambda: os.memfd_create("probe")),
+                                   ("a socket", lambda: socket.socket().detach())):
+                    bad = make()
+                    try:
+                        p3, s3 = cuda_ipc.import_fd(bad, 4096, 0)
+                        cuda_ipc.unmap_fd(p3, s3)
+                        res[f"import {name}"] = "ALLOWED (bad)"
+                    except cuda_ipc.IpcError as exc:
+                        res[f"import {name}"] = f"refused: {exc}"[:120]
+                    finally:
+                        os.close(bad)
                 # a size past the end must be refused by the driver
                 try:
                     p2, s2 = cuda_ipc.import_fd(fds[0], MAP_BYTES * 4, 0)
@@ -384,6 +396,9 @@ def main() -> int:
                 f"(map {r.get('map_s', '-')} s, total {r.get('total_s')} s)"
                 + (f"  oversize map: {r['oversize_map']}" if "oversize_map" in r else "")
                 + (f"  fd: {r['fd_kind']}" if "fd_kind" in r else ""))
+            for k in ("import a memory file", "import a socket"):
+                if k in r:
+                    say(f"    {k}: {r[k]}")
             if r.get("tb"):
                 say("    " + r["tb"].strip().splitlines()[-1])
     say("== 4. the judge's path: one candidate process, load + 2 runs")
