@@ -67,8 +67,15 @@ def build_model(a, out: Path) -> None:
     tok = train_bpe_tokenizer([PROMPT * 4, Path(__file__).read_text()], vocab_size=2000)
     heads = max(2, a.hidden // 64)
     build_tiny_causal_lm(out, tokenizer=tok, hidden_size=a.hidden, num_layers=a.layers, num_heads=heads,
-                         num_kv_heads=max(1, heads // 4) if heads >= 4 else heads,
-                         max_position_embeddings=4096, seed=0)
+                         num_kv_heads=kv_heads_for(heads), max_position_embeddings=4096, seed=0)
+
+
+def kv_heads_for(heads: int) -> int:
+    """Key/value heads for grouped-query attention: the largest divisor of ``heads`` that is at
+    most a quarter of it (14 heads -> 2, as Qwen2-0.5B has), all of them below 4 heads."""
+    if heads < 4:
+        return heads
+    return max(d for d in range(1, heads // 4 + 1) if heads % d == 0)
 
 
 def prompts_of(a) -> list[str]:

@@ -130,6 +130,7 @@ def part2(ray_ex, local_ex, n: int, tolerance: float, cpu: bool) -> tuple[list[d
     t0 = time.monotonic()
     c_local = compiler.build(ws.root)
     builds.append({"build": f"{ws.compiler} here", "ok": c_local.ok, "seconds": f"{time.monotonic() - t0:.1f}"})
+    print(f"  built here: ok={c_local.ok} in {time.monotonic() - t0:.1f} s", flush=True)
     (ws.root / ".cuda_agent" / "build" / "manifest.json").unlink()  # the Ray task builds it again
     remote = ray_ex.build_executor()
     job = Job("cuda_agent.sandbox.judge.pipeline:compile_job", {"compiler": compiler, "workspace": str(ws.root)},
@@ -137,6 +138,7 @@ def part2(ray_ex, local_ex, n: int, tolerance: float, cpu: bool) -> tuple[list[d
     reason, c_ray, seconds = run_job(remote, job)
     builds.append({"build": f"Ray task on {remote.built_on[-1] if remote.built_on else '?'}",
                    "ok": reason == "ok" and c_ray.ok, "seconds": f"{seconds:.1f}"})
+    print(f"  built as a Ray task: {reason} in {seconds:.1f} s", flush=True)
     if reason != "ok" or not c_ray.ok:
         print(f"  the Ray build failed: {c_ray}", flush=True)
         compiler.build(ws.root)
