@@ -312,20 +312,23 @@ def test_cpp_extension_builds_and_imports(tmp_path):
     assert len(r3.log) <= 4000
 
 
-@pytest.mark.parametrize("source,msg", [
-    ('#include "/etc/passwd"\n', "absolute path"),
-    ('#include "../../../../etc/passwd"\n', "outside the workspace"),
-    ('#include <../../etc/passwd>\n', "climb out"),
-    ('#define P "/etc/passwd"\n#include P\n', "computed #include"),
-    ('asm(".incbin \\"/etc/passwd\\"");\n', ".incbin"),
-    ('#embed "/etc/passwd"\n', "#embed"),
+@pytest.mark.parametrize("source", [
+    '#include "/etc/passwd"\n',
+    '#include "../../../../etc/passwd"\n',
+    '#include <../../etc/passwd>\n',
+    '#define P "/etc/passwd"\n#include P\n',
+    'asm(".incbin \\"/etc/passwd\\"");\n',
+    '#embed "/etc/passwd"\n',
 ])
-def test_sources_may_not_reach_outside(tmp_path, source, msg):
+def test_sources_may_not_reach_outside(tmp_path, source):
+    """What the compiler read decides (rule build.reads), or the file is not there to read
+    (the build jail); either way no line of the file comes back (test_build_isolation.py
+    has the variants and their honest twins)."""
     ws = cpu_workspace(tmp_path)
     (ws.root / "kernels" / "add.cpp").write_text(source + ADD_CPP)
     r = gxx(tmp_path).build(ws.root)
-    assert not r.ok and msg in r.errors[0] and r.errors[0].startswith("kernels/add.cpp:"), r.errors
-    assert "root:" not in r.log
+    assert not r.ok and r.errors[0].startswith("kernels/add.cpp:"), r.errors
+    assert "root:" not in r.log and not any("root:" in e for e in r.errors)
 
 
 def test_symlinks_refused(tmp_path):

@@ -1,7 +1,11 @@
 """The incremental, content-addressed build shared by every compiler plugin.
 
 A build turns the workspace's sources into object files (one per unit) and links them
-into one shared library:
+into one shared library. It reads a private copy of the sources (:mod:`.frozen`: no link
+followed; a link, a hard link or a FIFO among them refuses the build, rule ``build.files``);
+every tool runs in the build jail (:mod:`.jail`), and every unit's object is kept only when
+what the compiler and the assembler really read lies in the copy or the toolchain
+(:mod:`.source_check`, rule ``build.reads``):
 
 1. every unit gets a key: hash of compiler name, tool versions, flags, arch, the unit's
    text and the text of every header in the workspace;
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -32,10 +37,16 @@ from cuda_agent.core.types import CompileResult
 
 from .buildcache import BuildCache, JobSlots, ToolLimits, atomic_copy, atomic_write, run_tool, sha256
 from .diagnostics import log_tail, trim_errors
-from .source_check import check_sources, kernel_files
+from .frozen import frozen_sources
+from .jail import ToolView, claim, why_not_jailed
 from .signatures import SignatureError, extern_c_functions
+from .source_check import (allowed_roots, compiler_search_dirs, link_refusal, outside_reads, read_depfiles,
+                           read_refusals)
 
 _init_lock = threading.Lock()
+# part of every cache key: objects built before builds ran in the jail with their reads
+# checked are never reused
+BUILD_RULES = "jail+reads-1"
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".hh", ".inc", ".inl")
 MANIFEST = "manifest.json"
 
@@ -49,6 +60,7 @@ class Unit:
     src: str  # path relative to the workspace root
     argv_fn: object = None  # callable(out_obj: str) -> list[str]
     key: str = ""
+    tool: str = "cxx"  # "cxx" (gcc's options) or "nvcc": how the unit reports what it read
 
 
 @dataclass
@@ -137,6 +149,51 @@ class IncrementalCompiler(Compiler):
         return ToolLimits(timeout_s=o.unit_timeout_s, cpu_s=o.cpu_s, memory_mb=o.memory_mb,
                           file_size_mb=o.file_size_mb)
 
+    # -- what the tools may see and read ---------------------------------------------------
+
+    def compilers(self) -> list[str]:
+        """The compiler executables of this plugin (their installations are shown to the tools)."""
+        from .toolchain import find_cxx
+
+        return [find_cxx(getattr(self.options, "cxx", ""))]
+
+    def extra_dirs(self) -> list[str]:
+        """Absolute folders named by ``-I``/``-isystem``/``-L`` options of the configuration."""
+        out, flags = [], list(self.options.extra_flags)
+        for i, f in enumerate(flags):
+            for opt in ("-I", "-isystem", "-L", "-idirafter", "-iquote"):
+                if f == opt and i + 1 < len(flags):
+                    out.append(flags[i + 1])
+                elif f.startswith(opt) and len(f) > len(opt) and f[len(opt)] in "/":
+                    out.append(f[len(opt):])
+        return [d for d in out if os.path.isabs(d)]
+
+    def toolchain_paths(self) -> list[str]:
+        """Folders the tools read besides ``/usr`` and the system libraries (shown read-only)."""
+        out = []
+        for exe in self.compilers():
+            real = os.path.realpath(exe)
+            out += [os.path.dirname(os.path.dirname(real)), os.path.dirname(os.path.abspath(exe))]
+        return out + self.extra_dirs()
+
+    def header_roots(self) -> list[str]:
+        """Folders whose files a compile may read besides its own sources: the compilers'
+        default search lists and the configured include folders (subclasses add theirs)."""
+        out: list[str] = []
+        for exe in self.compilers():
+            out += list(compiler_search_dirs(exe, "c++"))
+        return out + self.extra_dirs()
+
+    def dep_flags(self, unit: Unit, deps: str, asm_deps: str) -> list[str]:
+        """Options making ``unit``'s compile write what it read: the preprocessor's list to
+        ``deps``, the assembler's (``.include``, ``.incbin``) to ``asm_deps``."""
+        if unit.tool == "nvcc":
+            return ["-MD", "-MF", deps, "-Xcompiler", f"-Xassembler,--MD,-Xassembler,{asm_deps}"]
+        return ["-MD", "-MF", deps, f"-Wa,--MD,{asm_deps}"]
+
+    def view(self, src: Path, out: Path, inputs: list[str] = ()) -> ToolView:
+        return ToolView(sources=str(src), output=str(out), readable=[*self.toolchain_paths(), *inputs])
+
     def header_text(self, root: Path) -> str:
         parts = []
         for base in (root, root / "kernels"):
@@ -157,7 +214,19 @@ class IncrementalCompiler(Compiler):
         root = Path(workspace).resolve()
         build_dir = Path(build_dir) if build_dir else build_dir_of(root)
         build_dir.mkdir(parents=True, exist_ok=True)
-        bad = check_sources(root, kernel_files(root)) + self.layout_errors(root)
+        refused: list = []
+        with self.cache.run_dir("build-") as run, frozen_sources(root, parent=run, refused=refused) as src:
+            if refused:
+                errors = [link_refusal(rel, why) for rel, why in refused]
+                return self._fail(t0, errors[: self.options.max_errors], "\n".join(errors), build_dir)
+            result = self._build(src, build_dir, t0)
+        a, b = str(src), str(root)
+        return dataclasses.replace(result, errors=[e.replace(a, b) for e in result.errors],
+                                   log=(result.log or "").replace(a, b))
+
+    def _build(self, root: Path, build_dir: Path, t0: float) -> CompileResult:
+        """The build of ``root`` (the private copy of the sources)."""
+        bad = self.layout_errors(root)
         if bad:
             return self._fail(t0, bad[: self.options.max_errors], "\n".join(bad), build_dir)
         units = self.units(root)
@@ -186,8 +255,9 @@ class IncrementalCompiler(Compiler):
         headers = self.header_text(root)
         for u in units:
             src_text = (root / u.src).read_bytes()
-            u.key = sha256(self.name, tool_id, u.src, src_text, headers)
-        link_key = sha256(self.name, tool_id, "link", " ".join(self.used_libraries), *sorted(u.key for u in units))
+            u.key = sha256(self.name, BUILD_RULES, tool_id, u.src, src_text, headers)
+        link_key = sha256(self.name, BUILD_RULES, tool_id, "link", " ".join(self.used_libraries),
+                          *sorted(u.key for u in units))
         artifact = f"{self.artifact_stem}-{link_key[:16]}.so"
 
         man = read_manifest(build_dir)
@@ -222,20 +292,20 @@ class IncrementalCompiler(Compiler):
 
         lib = cache.lib_path(link_key)
         if not lib.exists():
-            tmp = cache.tmp_path(".so")
-            try:
-                argv = self.link_argv([str(cache.object_path(u.key)) for u in units], str(tmp))
-                run = run_tool(argv, root, self.limits(), slots=self.slots)
-                if run.exit_code != 0:
-                    errors = trim_errors(run.output, root, self.options.max_errors)
-                    return self._fail(t0, errors, log + "\n" + run.output, build_dir, rebuilt)
-                if run.output.strip():
-                    log += "\n" + run.output
+            objects = [str(cache.object_path(u.key)) for u in units]
+            with cache.run_dir("link-") as run:
+                out = run / "out"
+                tmp = out / f"{self.artifact_stem}.so"
+                argv = self.link_argv(objects, str(tmp))
+                res = run_tool(argv, root, self.limits(), slots=self.slots, view=self.view(root, out, objects))
+                if res.exit_code != 0 or not claim(tmp):
+                    errors = trim_errors(res.output, root, self.options.max_errors)
+                    return self._fail(t0, errors or ["link: no library was written"], log + "\n" + res.output,
+                                      build_dir, rebuilt)
+                if res.output.strip():
+                    log += "\n" + res.output
                 lib.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp, lib)
-            finally:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
         cache.touch(lib)
         atomic_copy(lib, build_dir / artifact)
         for old in build_dir.glob(f"{self.artifact_stem}-*.so"):
@@ -253,6 +323,7 @@ class IncrementalCompiler(Compiler):
             "units": {u.src: u.key for u in units},
             "functions": functions,
             "built_at": time.time(),
+            "jail": why_not_jailed() or "yes",
         }
         atomic_write(build_dir / MANIFEST, json.dumps(manifest, indent=1))
         self._maybe_prune()
@@ -267,21 +338,34 @@ class IncrementalCompiler(Compiler):
                 with self.cache.lock("prune"):
                     self.cache.prune(int(self.options.cache_max_gb * (1 << 30)))
 
+    def unit_inputs(self, unit: Unit) -> list[str]:
+        """Files or folders outside the sources a unit's compile reads (a precompiled header)."""
+        return []
+
     def _compile_unit(self, root: Path, unit: Unit) -> tuple[bool, str]:
+        """Compile one unit in the jail; keep its object only when it read nothing it may not."""
         cache = self.cache
-        tmp = cache.tmp_path(".o")
-        try:
-            argv = unit.argv_fn(str(tmp))  # type: ignore[operator]
-            run = run_tool(argv, root, self.limits(), slots=self.slots)
-            if run.exit_code == 0 and tmp.stat().st_size > 0:
+        with cache.run_dir("unit-") as run:
+            out = run / "out"
+            obj, deps, asm_deps = out / "unit.o", out / "unit.d", out / "unit.as.d"
+            argv = [*unit.argv_fn(str(obj)), *self.dep_flags(unit, str(deps), str(asm_deps))]  # type: ignore[operator]
+            inputs = self.unit_inputs(unit)
+            res = run_tool(argv, root, self.limits(), slots=self.slots, view=self.view(root, out, inputs))
+            tmp = "/tmp" if not res.jailed else str(run / "tmp")
+            read, missing = read_depfiles([deps, asm_deps])
+            roots = allowed_roots([str(root), tmp, *self.header_roots(), *inputs])
+            bad = outside_reads(read, str(root), roots)
+            if bad:
+                return False, "\n".join(read_refusals(unit.src, bad))
+            if res.exit_code == 0 and missing:
+                return False, (f"{unit.src}:1: error: the compiler did not say what it read ({', '.join(missing)} "
+                               f"missing), so its object is not used (rule build.reads)")
+            if res.exit_code == 0 and claim(obj) and obj.stat().st_size > 0:
                 dst = cache.object_path(unit.key)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, dst)
-                return True, run.output
-            return False, run.output or f"{unit.src}: error: compiler exited with {run.exit_code}"
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+                os.replace(obj, dst)
+                return True, res.output
+            return False, res.output or f"{unit.src}: error: compiler exited with {res.exit_code}"
 
 
 def agent_sources(root: Path, suffixes: tuple[str, ...], exclude_suffix: str | None = None,

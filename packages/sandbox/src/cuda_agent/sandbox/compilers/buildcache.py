@@ -111,6 +111,15 @@ class BuildCache:
         os.close(fd)
         return Path(tmp)
 
+    @contextlib.contextmanager
+    def run_dir(self, prefix: str = "run-") -> Iterator[Path]:
+        """A private folder (root's, mode 0700) for one build or tool run, removed afterwards."""
+        d = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp"))
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def touch(self, path: Path) -> None:
         """Mark a cache entry as used now (pruning removes the least recently used first)."""
         with contextlib.suppress(OSError):
@@ -203,6 +212,8 @@ class ToolLimits:
     cpu_s: int = 600
     memory_mb: int = 0  # address-space limit; compilers reserve a lot of it, so off by default
     file_size_mb: int = 2048
+    nproc: int = 256  # processes of the build user (in the jail, where the user is the run's own)
+    scratch_mb: int = 2048  # the jail's private /tmp (memory-backed, used on demand)
 
 
 @dataclass
@@ -212,32 +223,105 @@ class ToolRun:
     output: str
     seconds: float
     timed_out: bool
+    jailed: str = ""  # "" when the tool ran in the build jail, else why not
+
+
+def _read_bounded(proc: subprocess.Popen, timeout: float | None) -> tuple[bytes, bool, bool]:
+    """The tool's output (its first OUTPUT_KEEP bytes and its last 64 KiB), whether it timed
+    out and whether it printed more than OUTPUT_KILL bytes (and was killed for it)."""
+    import selectors
+
+    from .jail import OUTPUT_KEEP, OUTPUT_KILL
+
+    head, tail, total = bytearray(), bytearray(), 0
+    deadline = time.monotonic() + timeout if timeout else None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    timed_out = flooded = False
+    fd = proc.stdout.fileno()
+    try:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                timed_out = True
+                break
+            if not sel.select(timeout=left if left is not None else 1.0):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            total += len(chunk)
+            if len(head) < OUTPUT_KEEP:
+                take = OUTPUT_KEEP - len(head)
+                head += chunk[:take]
+                chunk = chunk[take:]
+            if chunk:
+                tail += chunk
+                del tail[: max(0, len(tail) - (64 << 10))]
+            if total > OUTPUT_KILL:
+                flooded = True
+                break
+    finally:
+        sel.close()
+    out = bytes(head)
+    if total > len(head) + len(tail):
+        out += f"\n[... {total - len(head) - len(tail)} bytes of output left out ...]\n".encode()
+    return out + bytes(tail), timed_out, flooded
 
 
 def run_tool(argv: Sequence[str], cwd: Path, limits: ToolLimits | None = None,
-             env: dict | None = None, slots: JobSlots | None = None) -> ToolRun:
-    """Run a compiler/linker in its own process group under resource limits."""
+             env: dict | None = None, slots: JobSlots | None = None, view=None) -> ToolRun:
+    """Run a compiler/linker in its own process group under resource limits, its output
+    bounded. With ``view`` (a :class:`.jail.ToolView`), as root, in the build jail (see
+    :mod:`.jail`); the tool's environment is the toolchain's variables only either way."""
     from ..isolation.sandboxes.limits import rlimit_preexec
+    from .jail import OUTPUT_KILL, JailError, Lease, launcher_argv, prepared, tool_env, why_not_jailed
 
     limits = limits or ToolLimits()
-    preexec = rlimit_preexec(cpu_s=limits.cpu_s, memory_mb=limits.memory_mb,
-                             file_size_mb=limits.file_size_mb, nproc=0, new_session=True)
+    why = why_not_jailed() if view is not None else "no view of the file system given"
     ctx = slots.slot() if slots is not None else contextlib.nullcontext()
-    with ctx:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(list(argv), cwd=str(cwd), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, preexec_fn=preexec)
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=limits.timeout_s or None)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        seconds = time.monotonic() - t0
+    with contextlib.ExitStack() as stack:
+        if view is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tool-"))
+        else:
+            tmp = os.path.join(os.path.dirname(os.path.abspath(view.output)), "tmp")
+            os.makedirs(tmp, exist_ok=True)
+        cmd, run_env, run_cwd = list(argv), dict(env) if env is not None else tool_env(tmp), str(cwd)
+        preexec = rlimit_preexec(cpu_s=limits.cpu_s, memory_mb=limits.memory_mb,
+                                 file_size_mb=limits.file_size_mb, nproc=0, new_session=True)
+        if not why:
+            lease = Lease()
+            stack.callback(lease.release)
+            jail_root = stack.enter_context(prepared(view, lease))
+            mb = 1 << 20
+            rl = {"RLIMIT_CPU": int(limits.cpu_s or 0), "RLIMIT_AS": int(limits.memory_mb or 0) * mb,
+                  "RLIMIT_FSIZE": int(limits.file_size_mb or 0) * mb, "RLIMIT_NPROC": int(limits.nproc or 0)}
+            view.scratch_mb = limits.scratch_mb or view.scratch_mb
+            cmd, run_env = launcher_argv(view, list(argv), lease, jail_root, rl)
+            run_cwd = "/"
+            preexec = os.setsid
+        with ctx:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd, cwd=run_cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=run_env, preexec_fn=preexec)
+            try:
+                out, timed_out, flooded = _read_bounded(proc, limits.timeout_s or None)
+            finally:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                proc.stdout.close()
+            seconds = time.monotonic() - t0
     text = out.decode("utf-8", "replace")
+    code = proc.returncode
+    if not why and code == 125 and text.startswith("build jail:"):
+        raise JailError(f"{text.strip()[:300]} (set CUDA_AGENT_BUILD_JAIL=0 on hosts without namespaces: "
+                        "builds then read with this process's rights)")
     if timed_out:
         text += f"\n{argv[0]}: error: timed out after {limits.timeout_s:.0f} s and was killed\n"
-    return ToolRun(list(argv), proc.returncode if not timed_out else -9, text, seconds, timed_out)
+    if flooded:
+        text += f"\n{argv[0]}: error: printed more than {OUTPUT_KILL >> 20} MB and was killed\n"
+    failed = timed_out or flooded
+    return ToolRun(list(argv), code if not failed else -9, text, seconds, timed_out, jailed=why)
+

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .buildcache import atomic_write, run_tool, sha256, tool_version
+from .jail import claim
 from .base import BuildError, CommonOptions, IncrementalCompiler, Unit, agent_sources
-from .toolchain import arch_flags, cuda_lib_dir, find_cxx, find_nvcc, link_flags_for, torch_paths
+from .toolchain import arch_flags, cuda_home, cuda_lib_dir, cuda_paths, find_cxx, find_nvcc, link_flags_for, torch_paths
 
 MODULE_NAME = "cuda_extension"
 COMMON_NVCC_FLAGS = [
@@ -102,14 +103,38 @@ class CppExtensionCompiler(IncrementalCompiler):
                 return
             d.mkdir(parents=True, exist_ok=True)
             atomic_write(d / "torch_pch.h", PCH_HEADER)
-            tmp = d / f".tmp-{os.getpid()}.gch"
-            argv = [find_cxx(self.options.cxx), "-x", "c++-header", *self.cxx_flags(), str(d / "torch_pch.h"),
-                    "-o", str(tmp)]
-            run = run_tool(argv, root, self.limits(), slots=self.slots)
-            if run.exit_code != 0:
-                tmp.unlink(missing_ok=True)
-                raise BuildError(f"building the torch precompiled header failed: {run.output.strip()[-300:]}")
-            os.replace(tmp, gch)
+            with self.cache.run_dir("pch-") as run:
+                out = run / "out"
+                tmp = out / "torch_pch.h.gch"
+                argv = [find_cxx(self.options.cxx), "-x", "c++-header", *self.cxx_flags(), str(d / "torch_pch.h"),
+                        "-o", str(tmp)]
+                res = run_tool(argv, root, self.limits(), slots=self.slots, view=self.view(root, out, [str(d)]))
+                if res.exit_code != 0 or not claim(tmp):
+                    raise BuildError(f"building the torch precompiled header failed: {res.output.strip()[-300:]}")
+                os.replace(tmp, gch)
+
+    # -- what the tools may see and read ----------------------------------------------------
+
+    def compilers(self) -> list[str]:
+        return [find_nvcc(self.options.nvcc), find_cxx(self.options.cxx)]
+
+    def _torch_dirs(self) -> list[str]:
+        tp = torch_paths()
+        return [*(str(i) for i in tp.include), str(tp.python_include)]
+
+    def toolchain_paths(self) -> list[str]:
+        nvcc = find_nvcc(self.options.nvcc)
+        return [*super().toolchain_paths(), *self._torch_dirs(), str(torch_paths().lib),
+                *cuda_paths(nvcc, self.used_libraries)]
+
+    def header_roots(self) -> list[str]:
+        roots = [*super().header_roots(), *self._torch_dirs(), str(cuda_home(find_nvcc(self.options.nvcc)))]
+        if self.options.pch:
+            roots.append(str(self._pch_dir()))
+        return roots
+
+    def unit_inputs(self, unit: Unit) -> list[str]:
+        return [str(self._pch_dir())] if self.options.pch and unit.tool == "cxx" else []
 
     def _cxx_argv(self, src: str, out: str) -> list[str]:
         argv = [find_cxx(self.options.cxx), "-c", *self.cxx_flags()]
@@ -119,7 +144,7 @@ class CppExtensionCompiler(IncrementalCompiler):
 
     def units(self, root: Path) -> list[Unit]:
         nvcc = find_nvcc(self.options.nvcc)
-        units = [Unit(s, lambda out, s=s: [nvcc, *self.nvcc_flags(), s, "-o", out])
+        units = [Unit(s, lambda out, s=s: [nvcc, *self.nvcc_flags(), s, "-o", out], tool="nvcc")
                  for s in agent_sources(root, (".cu",))]
         cpp = agent_sources(root, (".cpp", ".cc"))
         if not units and not cpp:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .buildcache import tool_version
 from .base import CommonOptions, IncrementalCompiler, Unit, agent_sources
-from .toolchain import arch_flags, cuda_home, cuda_lib_dir, find_cxx, find_nvcc, link_flags_for
+from .toolchain import arch_flags, cuda_home, cuda_lib_dir, cuda_paths, find_cxx, find_nvcc, link_flags_for
 
 
 @dataclass
@@ -52,11 +52,20 @@ class NvccCompiler(IncrementalCompiler):
         return "\n".join([tool_version([nvcc]), tool_version([cxx]), " ".join(self.nvcc_flags()),
                           " ".join(self.cxx_flags()), " ".join(self.options.libraries)])
 
+    def compilers(self) -> list[str]:
+        return [self._nvcc(), find_cxx(self.options.cxx)]
+
+    def toolchain_paths(self) -> list[str]:
+        return [*super().toolchain_paths(), *cuda_paths(self._nvcc(), self.used_libraries)]
+
+    def header_roots(self) -> list[str]:
+        return [*super().header_roots(), str(cuda_home(self._nvcc()))]
+
     def units(self, root: Path) -> list[Unit]:
         nvcc, cxx = self._nvcc(), find_cxx(self.options.cxx)
         units = []
         for src in agent_sources(root, (".cu",)):
-            units.append(Unit(src, lambda out, s=src: [nvcc, *self.nvcc_flags(), s, "-o", out]))
+            units.append(Unit(src, lambda out, s=src: [nvcc, *self.nvcc_flags(), s, "-o", out], tool="nvcc"))
         for src in agent_sources(root, (".cpp", ".cc"), exclude_suffix="_binding.cpp"):
             units.append(Unit(src, lambda out, s=src: [cxx, *self.cxx_flags(), s, "-o", out]))
         return units

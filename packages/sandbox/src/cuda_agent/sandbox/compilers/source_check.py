@@ -1,70 +1,119 @@
-"""Source checks before any tool runs: builds run host-side, so the agent's sources must
-not make the compiler read files outside the workspace (an ``#include "/etc/..."`` would
-print them in error messages; ``.incbin`` would embed them)."""
+"""What a build read, checked against what it may read (defence in depth behind :mod:`.jail`).
+
+The spelling of a source says little about the files it makes the compiler read: a line
+splice, a comment inside the directive, a digraph (``%:include``), a macro, an assembler
+``.include`` or an ``.incbin`` split across string literals all read a file no pattern
+names. So every compile unit reports what it really read: the preprocessor's dependency
+list (``-MD -MF``) and the assembler's (``--MD``, which lists ``.include`` and ``.incbin``
+files). Each file in them must lie in the build's own copy of the sources, in the tool's
+scratch folder, or below one of the toolchain's header folders (the compiler's own search
+list, CUDA's, torch's, Python's, the precompiled header's). Any other file refuses the unit
+(rule :data:`RULE_READS`): its object is not kept and its compiler output is not shown, only
+the refusal naming the file.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import subprocess
 from pathlib import Path
 
-_INCLUDE = re.compile(r'^\s*#\s*(include|include_next|import|embed)\b\s*(.*)$')
-_BAD = [
-    (re.compile(r'\.incbin\b'), "embeds a file with .incbin"),
-    (re.compile(r'__has_include\s*\(\s*"\s*/'), "probes an absolute path"),
-    (re.compile(r'^\s*#\s*pragma\s+GCC\s+dependency', re.M), "uses #pragma GCC dependency"),
-    (re.compile(r'^\s*#\s*line\s+\d+\s+"', re.M), "rewrites file names with #line"),
-]
+RULE_READS = "build.reads"
+RULE_FILES = "build.files"
+_READS_TEXT = ("a build reads only the workspace's own sources and headers and the toolchain's "
+               "(system, CUDA, torch and Python headers)")
 
 
-def check_sources(root: Path, files: list[str]) -> list[str]:
-    """Violations as ``file:line: error: message`` (empty when the sources are fine)."""
-    root = root.resolve()
-    errors: list[str] = []
-    for rel in files:
-        p = root / rel
-        if p.is_symlink():
-            errors.append(f"{rel}:1: error: symbolic links are not allowed in kernels/; write a regular file")
+def parse_depfile(text: str) -> list[str]:
+    """The prerequisites of a Make-style dependency file (``target: dep dep \\``)."""
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    out: list[str] = []
+    for line in text.splitlines():
+        m = re.match(r"^(.*?[^\\]):(?:\s|$)", line)
+        if not m:
             continue
+        rest = line[m.end():]
+        for tok in re.findall(r"(?:\\.|[^\s\\])+", rest):
+            dep = re.sub(r"\\(.)", r"\1", tok).replace("$$", "$")
+            if dep and dep not in out:
+                out.append(dep)
+    return out
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def allowed_roots(paths: list[str]) -> list[str]:
+    """``paths`` normalised, with their real paths beside them."""
+    out: list[str] = []
+    for p in paths:
+        if not p:
+            continue
+        for q in (os.path.normpath(os.path.abspath(p)), os.path.realpath(p)):
+            if q != "/" and q not in out:
+                out.append(q)
+    return out
+
+
+def outside_reads(deps: list[str], cwd: str, roots: list[str]) -> list[str]:
+    """The files of ``deps`` (relative ones taken from ``cwd``) below none of ``roots``."""
+    bad = []
+    for d in deps:
+        p = os.path.normpath(d if os.path.isabs(d) else os.path.join(cwd, d))
+        if not any(_under(p, r) for r in roots):
+            bad.append(p)
+    return bad
+
+
+def read_refusals(unit: str, bad: list[str]) -> list[str]:
+    """One ``file:line: error:`` line per file read that the build may not read."""
+    return [f"{unit}:1: error: the build read {p}, which is neither the workspace's nor the toolchain's "
+            f"(rule {RULE_READS}: {_READS_TEXT}); include only those, and name no other file in "
+            "#include, #embed, .include or .incbin" for p in bad[:3]]
+
+
+def link_refusal(rel: str, why: str) -> str:
+    """The refusal of a build input that is not a plain file with one name."""
+    return (f"{rel}:1: error: {why} (rule {RULE_FILES}: a build uses only regular files of the workspace); "
+            "write the file itself into kernels/")
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_search_dirs(cxx: str, lang: str = "c++") -> tuple[str, ...]:
+    """The folders ``cxx`` searches for ``#include <...>`` and ``"..."`` by default."""
+    try:
+        out = subprocess.run([cxx, f"-x{lang}", "-E", "-v", "-"], input="", capture_output=True, text=True,
+                             timeout=60, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"})
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    dirs, inside = [], False
+    for line in out.stderr.splitlines():
+        if line.startswith("#include") and "search starts here" in line:
+            inside = True
+            continue
+        if line.startswith("End of search list"):
+            break
+        if inside and line.startswith(" "):
+            d = line.strip().split(" (")[0]
+            if os.path.isdir(d):
+                dirs.append(os.path.normpath(d))
+    return tuple(dirs)
+
+
+def read_depfiles(paths: list[Path]) -> tuple[list[str], list[str]]:
+    """(prerequisites of the dependency files that exist, the names of those missing)."""
+    deps: list[str] = []
+    missing: list[str] = []
+    for p in paths:
         try:
-            text = p.read_text(errors="replace")
-        except OSError as exc:
-            errors.append(f"{rel}:1: error: cannot read: {exc.strerror}")
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            missing.append(p.name)
             continue
-        for pat, what in _BAD:
-            m = pat.search(text)
-            if m:
-                line = text.count("\n", 0, m.start()) + 1
-                errors.append(f"{rel}:{line}: error: not allowed: the source {what}")
-        for i, line in enumerate(text.splitlines(), 1):
-            m = _INCLUDE.match(line)
-            if not m:
-                continue
-            arg = m.group(2).strip()
-            if m.group(1) == "embed":
-                errors.append(f"{rel}:{i}: error: #embed is not allowed")
-                continue
-            if not arg or arg[0] not in '<"':
-                errors.append(f"{rel}:{i}: error: computed #include is not allowed; write <file> or \"file\"")
-                continue
-            end = arg.find(">" if arg[0] == "<" else '"', 1)
-            name = arg[1:end] if end > 0 else arg[1:]
-            if name.startswith("/"):
-                errors.append(f"{rel}:{i}: error: #include of an absolute path is not allowed: {name}")
-                continue
-            if ".." in Path(name).parts:
-                if arg[0] == "<":
-                    errors.append(f"{rel}:{i}: error: #include <...> may not climb out with '..': {name}")
-                    continue
-                target = (p.parent / name).resolve()
-                try:
-                    target.relative_to(root)
-                except ValueError:
-                    errors.append(f"{rel}:{i}: error: #include of a file outside the workspace: {name}")
-    return errors
-
-
-def kernel_files(root: Path) -> list[str]:
-    kdir = root / "kernels"
-    if not kdir.is_dir():
-        return []
-    return [str(p.relative_to(root)) for p in sorted(kdir.rglob("*")) if p.is_file() or p.is_symlink()]
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(16 << 20).decode("utf-8", "replace")
+        deps += [d for d in parse_depfile(text) if d not in deps]
+    return deps, missing

@@ -152,6 +152,17 @@ def find_cuda_library(name: str, nvcc: str) -> Path | None:
     return None
 
 
+def cuda_paths(nvcc: str, libs: list[str] = ()) -> list[str]:
+    """The CUDA toolkit's folders a build's tools read (nvcc's own, the toolkit, the folders
+    of the libraries linked), for the build jail."""
+    out = [os.path.dirname(os.path.abspath(shutil.which(nvcc) or nvcc)), str(cuda_home(nvcc)), str(cuda_lib_dir(nvcc))]
+    for lib in libs:
+        d = find_cuda_library(lib, nvcc)
+        if d is not None:
+            out += [str(d), str(d.parent / "include")]
+    return out
+
+
 def used_cuda_libraries(texts: list[str]) -> list[str]:
     """cuBLAS / cuDNN when the sources include them (the libraries the rules allow)."""
     joined = "\n".join(texts)
