@@ -75,8 +75,8 @@ def isolated(session) -> bool:
 
 def make_sandbox(kind: str, **extra):
     if kind == "local":
-        return LocalSandbox(LocalSandbox.Options(nproc=64, memory_mb=1024, **LIMITS, **extra))
-    return DockerSandbox(DockerSandbox.Options(pids=64, memory_mb=512, **LIMITS, **extra))
+        return LocalSandbox(LocalSandbox.Options(**{"nproc": 64, "memory_mb": 1024, **LIMITS, **extra}))
+    return DockerSandbox(DockerSandbox.Options(**{"pids": 64, "memory_mb": 512, **LIMITS, **extra}))
 
 
 def workspace(tmp_path, name="ws"):
@@ -451,3 +451,78 @@ def test_files_written_by_host_tools_become_the_agents(kind, ws):
                   "touch kernels/sub/other.cu && cat kernels/sub/new.cu")
         assert r.exit_code == 0 and "appended" in r.output, r.output
         assert (ws.root / "model.py").stat().st_uid == 0  # protected files are left alone
+
+
+def agent_shell(s, ws):
+    from cuda_agent.core.tools.base import ToolContext
+    from cuda_agent.core.tools.shell import ShellSession
+
+    return ShellSession(ToolContext(ws.root, protected=ws.protected, spawn=s.spawn))
+
+
+def test_a_silent_command_runs_until_its_own_timeout_in_the_agent_shell(kind, ws):
+    """A command that prints nothing for longer than the Docker API's socket timeout (here
+    lowered to 1.5 s) is still running, not taken for a shell that exited; past its own
+    timeout it is killed with everything it started."""
+    with make_sandbox(kind, **({"api_timeout_s": 1.5} if kind == "docker" else {})).open(ws.root, ws.protected) as s:
+        sh = agent_shell(s, ws)
+        t0 = time.monotonic()
+        out, status, timed_out = sh.run("sleep 4; echo done", 30)
+        assert (out.strip(), status, timed_out) == ("done", 0, False), out
+        assert time.monotonic() - t0 >= 4
+        t0 = time.monotonic()
+        out, status, timed_out = sh.run("sleep 5; echo five; sleep 30; echo late > kernels/late.txt", 8)
+        took = time.monotonic() - t0
+        assert timed_out and status is None and "five" in out, out
+        assert 8 <= took < 20, took
+        sh = agent_shell(s, ws)
+        out, status, _ = sh.run("ps -eo args | grep -c '^sleep 30' || true", 20)
+        assert out.strip() == "0", out
+        assert not (ws.root / "kernels" / "late.txt").exists()
+        sh.close()
+
+
+BOUNDED_BOMB = ("bomb() { [ $1 -lt 9 ] && { bomb $(($1 + 1)) | bomb $(($1 + 1)) & }; sleep 20; }; "
+                "bomb 0 & sleep 2; echo started")  # 2^10 processes wanted, each gone after 20 s
+
+
+def test_a_fork_bomb_ends_with_its_command_in_the_agent_shell(kind, ws):
+    """What a command leaves running ends with it (a fork bomb included) and the agent is told;
+    the next command runs; a background job is kept and is named as holding processes."""
+    with make_sandbox(kind).open(ws.root, ws.protected) as s:
+        if not isolated(s):
+            pytest.skip("a fork bomb is only contained with a separate user (RLIMIT_NPROC) or a container")
+        job = s.spawn(["bash", "-c", "sleep 60 & sleep 60 & wait"])
+        sh = agent_shell(s, ws)
+        out, status, timed_out = sh.run(BOUNDED_BOMB, 30)
+        assert not timed_out and "started" in out, out[-800:]
+        assert "processes running; they were stopped" in out, out[-800:]
+        assert "the process limit was reached: the sandbox runs at most 64 processes" in out, out[-800:]
+        assert "background jobs hold" in out, out[-800:]
+        t0 = time.monotonic()
+        out, status, timed_out = sh.run("echo alive; ps -eo args | grep -c '^sleep 20' || true", 20)
+        assert status == 0 and out.strip().splitlines()[-1] == "0" and "alive" in out, out[-800:]
+        assert time.monotonic() - t0 < 10
+        assert "fork" not in out, out[-800:]
+        assert job.poll() is None  # started on purpose as a job of its own: kept
+        job.kill()
+        sh.close()
+
+
+def test_a_full_tmp_is_named_not_the_workspace(kind, ws):
+    with make_sandbox(kind, file_size_mb=32).open(ws.root, ws.protected) as s:
+        if not isolated(s):
+            pytest.skip("a private size-limited /tmp needs a separate user and namespaces, or a container")
+        sh = agent_shell(s, ws)
+        out, status, _ = sh.run("head -c 10M /dev/zero > /tmp/a; head -c 10M /dev/zero > /tmp/b", 20)
+        assert "No space left on device" in out, out
+        assert "[sandbox] /tmp is full: it holds at most 16 MB" in out and "[sandbox] the workspace is full" not in out, out
+        out, status, _ = sh.run("rm /tmp/a /tmp/b && echo ok", 20)
+        assert out.strip() == "ok" and "is full" not in out, out
+        sh.close()
+        r = s.run("head -c 20M /dev/zero > /var/tmp/a")
+        assert "No space left on device" in r.output and "[sandbox] the workspace is full" not in r.output, r.output
+        if kind == "docker":
+            assert "[sandbox] /var/tmp is full: it holds at most 16 MB" in r.output, r.output
+        else:  # the command's private file systems ended with it
+            assert "a file system other than the workspace is full" in r.output, r.output

@@ -66,7 +66,9 @@ class ShellSession:
     Each command is sent base64-encoded and ``eval``-ed inside a group whose stdin is
     ``/dev/null``, followed by a unique end marker carrying the exit status, so a syntax
     error or an unterminated quote cannot derail the session. A command that outlives its
-    timeout kills the shell; the next command starts a fresh one.
+    timeout kills the shell; the next command starts a fresh one. After each command the
+    sandbox's process handle may end what the command left running and say so
+    (``end_command(output)``); a shell whose output ends is killed, never left running.
     """
 
     def __init__(self, ctx: ToolContext):
@@ -94,6 +96,8 @@ class ShellSession:
             return "the shell is gone; a new one starts with your next command", None, False
         needle = self.marker.encode()
         deadline = time.monotonic() + timeout
+        ended = timed_out = False
+        status = None
         with self.reader.cond:
             while True:
                 pos = self.reader.buf.find(needle, start)
@@ -108,18 +112,37 @@ class ShellSession:
                             status = int(status_text)
                         except ValueError:
                             status = None
-                        return self._noted(_decode(out)), status, False
+                        break
                 if self.reader.eof:
                     out = bytes(self.reader.buf[start:])
-                    return (self._noted(_decode(out))
-                            + "\n(the shell exited; a new one starts with your next command)"), None, False
+                    ended = True
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     out = bytes(self.reader.buf[start:])
+                    timed_out = True
                     break
                 self.reader.cond.wait(min(left, 1.0))
-        self.close()
-        return _decode(out), None, True
+        if timed_out:
+            self.close()
+            return _decode(out), None, True
+        if ended:
+            self.close()  # whatever is left of it ends here
+            return (self._noted(_decode(out))
+                    + "\n(the shell exited; a new one starts with your next command)"), None, False
+        return self._noted(self._ended(_decode(out))), status, False
+
+    def _ended(self, out: str) -> str:
+        """``out`` with what the sandbox did to the processes the command left, if the process
+        handle ends them (``end_command(output)``)."""
+        end = getattr(self.proc, "end_command", None)
+        if not callable(end):
+            return out
+        try:
+            extra = end(out)
+        except Exception:
+            return out
+        return f"{out.rstrip(chr(10))}\n{extra}" if extra else out
 
     def _noted(self, out: str) -> str:
         """``out`` with what a sandbox limit did to the command (disk full, ...), if the

@@ -6,9 +6,19 @@ pulled) with: the workspace bind-mounted at ``/workspace``; protected paths and
 without capabilities, and a mount point cannot be deleted or renamed); no network
 (``network_mode: none``); memory, CPU and PID limits; a read-only root file system with a
 size-limited tmpfs on /tmp; a file-size ulimit; the workspace a file system of ``disk_mb``
-when the engine runs on this host and we are root (:mod:`.diskfs`); all capabilities dropped,
-``no-new-privileges``. Commands run as an unprivileged user id (the agent's own when the
-host side is root; the workspace's layout is then the same as in the local sandbox).
+when the engine runs on this host and we are root (:mod:`.diskfs`); all capabilities dropped
+but root's ``CAP_KILL`` (the agent never runs as root), ``no-new-privileges``. Commands run
+as an unprivileged user id (the agent's own when the host side is root; the workspace's
+layout is then the same as in the local sandbox; that user may then run ``pids``
+processes, and the container a few more, so the sandbox can always start its reaper).
+
+A command's processes end with it: what a command of the persistent shell left running
+(``&``, ``nohup``, ``setsid``) is stopped when the command ends (:mod:`._reap`, run as root in
+the container), and the agent is told so; its background jobs (processes started with
+``spawn``) are kept, count against the process limit, and a command that hit the limit is
+told how many processes they hold. Reading a command's output never gives up while the
+command runs: a stream that stays silent past the Docker API's socket timeout
+(``api_timeout_s``) is read on until the command ends or its own timeout kills it.
 
 ``DOCKER_HOST`` selects a remote engine; the workspace must then be visible to it at the
 same path, or at the path given by ``path_map``.
@@ -17,6 +27,7 @@ same path, or at the path given by ``path_map``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import struct
@@ -34,12 +45,15 @@ from .disk_watchdog import DiskWatchdog
 from .image import DEFAULT_IMAGE, docker_client, image_exists
 from .layout import apply_layout, is_root
 from .output import collect
-from .results import CommandResult, SandboxError, limit_messages
+from .results import CommandResult, SandboxError, command_end_messages, limit_messages
 from .tracking import TrackedProcesses
 from .uids import UidLease, acquire_uid, release_uid
 
 MOUNT = "/workspace"
 PIDS = "/tmp/.cuda-agent-pids"
+SCRATCH = ["/tmp", "/var/tmp", "/dev/shm"]
+PID_RESERVE = 16  # processes the container may run beyond the agent's own limit (the reaper)
+REAPER = Path(__file__).with_name("_reap.py").read_text()
 
 
 @dataclass
@@ -56,6 +70,7 @@ class DockerOptions:
     max_output_kb: int = 1024
     uid_base: int = 61000
     uid_count: int = 4000
+    api_timeout_s: float = 60.0  # the Docker SDK's socket timeout for API calls and output streams
     path_map: dict[str, str] = field(default_factory=dict)  # local prefix -> path on the engine's host
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -103,6 +118,7 @@ class DockerProcess:
         self.stdout = os.fdopen(rfd, "rb", buffering=0)
         self._wfd = wfd
         self._returncode: int | None = None
+        self._closing = False
         self.pid = None
         self._fired_seen = session.watchdog.fired if hasattr(session, "watchdog") else 0
         self._t = threading.Thread(target=self._pump, daemon=True)
@@ -113,6 +129,11 @@ class DockerProcess:
         while len(buf) < n:
             try:
                 chunk = self._sock.recv(n - len(buf))
+            except socket.timeout:
+                # a silent command, not the end of its output: read on while it runs
+                if self._closing or not self._running():
+                    return None
+                continue
             except OSError:
                 return None
             if not chunk:
@@ -137,6 +158,14 @@ class DockerProcess:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._wfd)
+
+    def _running(self) -> bool:
+        """Whether the engine says the command still runs (an engine that does not answer
+        in time: it may)."""
+        try:
+            return bool(self.session.client.api.exec_inspect(self.exec_id).get("Running"))
+        except Exception:
+            return True
 
     def poll(self) -> int | None:
         if self._returncode is not None:
@@ -170,20 +199,18 @@ class DockerProcess:
         """What a limit did to the last command of this process (see TrackedProcesses.limit_notes)."""
         return self.session.limit_notes(output, self)
 
-    def kill_group(self) -> None:
-        """Kill the command's process group (background children included)."""
-        api = self.session.client.api
-        script = f'p=$(cat {PIDS}/{self.tag} 2>/dev/null) && kill -KILL -- -$p $p 2>/dev/null; rm -f {PIDS}/{self.tag}; true'
-        ok = False
-        with contextlib.suppress(Exception):
-            eid = api.exec_create(self.session.container.id, ["sh", "-c", script], user=self.session.user)["Id"]
-            api.exec_start(eid)
-            ok = api.exec_inspect(eid).get("ExitCode") == 0
-        if not ok:
-            # no process could be started to kill it (e.g. every PID in use): restart the container
-            self.session.restart()
+    def kill_group(self) -> dict | None:
+        """Kill the command's session (background children included) and the strays of the
+        container; what the reaper saw, or None when the container had to be restarted."""
+        return self.session.reap(self, whole=True)
+
+    def end_command(self, output: str) -> str:
+        """Stop what the last command of this process (the agent's persistent shell) left
+        running; the lines that tell the agent so (see DockerSession.reap_notes)."""
+        return self.session.reap_notes(self.session.reap(self, whole=False), output)
 
     def kill(self) -> None:
+        self._closing = True
         self.kill_group()
         if self.poll() is None:
             try:
@@ -208,7 +235,7 @@ class DockerSession(TrackedProcesses, SandboxSession):
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist")
         self.protected = list(protected)
-        self.client = docker_client()
+        self.client = docker_client(timeout=o.api_timeout_s)
         if not image_exists(self.client, o.image):
             raise SandboxError(f"docker image {o.image} not found: build it with `cuda-agent sandbox build-image`")
         self._init_tracking()
@@ -259,14 +286,20 @@ class DockerSession(TrackedProcesses, SandboxSession):
         ulimits = [docker.types.Ulimit(name="fsize", soft=o.file_size_mb * 1024 * 1024, hard=o.file_size_mb * 1024 * 1024),
                    docker.types.Ulimit(name="nofile", soft=o.nofile, hard=o.nofile),
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
+        pids = o.pids
+        if self.lease is not None:
+            # the agent's user id is this workspace's alone: it may run `pids` processes (root,
+            # the reaper, is exempt), and the container a few more
+            ulimits.append(docker.types.Ulimit(name="nproc", soft=o.pids, hard=o.pids))
+            pids = o.pids + PID_RESERVE
         tmpfs = {"/tmp": f"size={o.tmp_mb}m,mode=1777", "/var/tmp": f"size={o.tmp_mb}m,mode=1777",
                  "/run": "size=1m,mode=755"}
         try:
             return self.client.containers.run(
                 o.image, ["sleep", "infinity"], detach=True, user="0:0", network_mode="none",
                 mem_limit=f"{o.memory_mb}m", memswap_limit=f"{o.memory_mb}m", nano_cpus=int(o.cpus * 1e9),
-                pids_limit=o.pids, read_only=True, tmpfs=tmpfs, mounts=mounts, working_dir=MOUNT,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], ulimits=ulimits, init=True,
+                pids_limit=pids, read_only=True, tmpfs=tmpfs, mounts=mounts, working_dir=MOUNT,
+                cap_drop=["ALL"], cap_add=["KILL"], security_opt=["no-new-privileges"], ulimits=ulimits, init=True,
                 labels={"cuda-agent.sandbox": "1", "cuda-agent.workspace": str(self.workspace)},
                 environment={"LANG": "C.UTF-8"}, shm_size=f"{o.tmp_mb}m",
             )
@@ -285,6 +318,37 @@ class DockerSession(TrackedProcesses, SandboxSession):
         self._check_open()
         return self._track(DockerProcess(self, list(argv), self._env(env)))
 
+    def reap(self, proc: DockerProcess, whole: bool) -> dict | None:
+        """Run the reaper (:mod:`._reap`) for ``proc``'s session: ``whole`` ends it, else what
+        its last command left; None when no process could be started in the container (every
+        PID in use), which then restarts the container."""
+        uid = self.user.split(":")[0]
+        cfg = {"uid": int(uid), "pidfile": f"{PIDS}/{proc.tag}", "whole": whole, "scratch": SCRATCH}
+        api = self.client.api
+        info = None
+        with contextlib.suppress(Exception):
+            eid = api.exec_create(self.container.id, ["python3", "-I", "-S", "-c", REAPER, json.dumps(cfg)],
+                                  user="0:0")["Id"]
+            out = api.exec_start(eid).decode("utf-8", "replace").strip().splitlines()
+            info = json.loads(out[-1]) if out else None
+        if whole and info is not None:
+            with contextlib.suppress(Exception):
+                eid = api.exec_create(self.container.id, ["rm", "-f", f"{PIDS}/{proc.tag}"], user="0:0")["Id"]
+                api.exec_start(eid)
+        if not isinstance(info, dict) or info.get("left"):
+            self.restart()
+            return None
+        return info
+
+    def reap_notes(self, info: dict | None, output: str) -> str:
+        """What the agent is told after a command (see results.command_end_messages)."""
+        if info is None:
+            return ("[sandbox] the sandbox had to be restarted to stop runaway processes "
+                    "(/tmp was cleared; background jobs were ended)")
+        return "\n".join(command_end_messages(int(info.get("stopped") or 0), output, self.options.pids,
+                                              sum(info.get("others") or []),
+                                              [(str(p), int(mb)) for p, mb in info.get("full") or []]))
+
     def run(self, command: str, timeout: float = 60.0, env: dict | None = None) -> CommandResult:
         t0 = time.monotonic()
         restarts = self.restarts
@@ -295,25 +359,28 @@ class DockerSession(TrackedProcesses, SandboxSession):
         output, timed_out = collect(proc, timeout, self.options.max_output_kb * 1024,
                                     stop=lambda: self.watchdog.fired != fired)
         code = None
+        info = None
         killed_for_disk = self.watchdog.fired != fired
         if timed_out or killed_for_disk:
             proc.kill()
         else:
             with contextlib.suppress(Exception):
                 code = proc.wait(10)
-            proc.kill_group()  # what it left running in the background
+            info = proc.kill_group()  # what it left running in the background
             self._forget(proc)
+        notes = []
         if self.restarts != restarts:
-            output = (output.rstrip("\n") + "\n" if output else "") + (
-                "[sandbox] the sandbox had to be restarted to stop runaway processes (/tmp was cleared)")
+            notes.append(self.reap_notes(None, ""))
+        elif info is not None:
+            notes.append(self.reap_notes(dict(info, stopped=0), output))
         o = self.options
-        msgs = limit_messages(timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb,
-                              file_too_large=code in (128 + 25, -25),
-                              disk_full=self.disk_fs != "none" and (
-                                  "No space left on device" in output or diskfs.is_full(self.workspace)),
-                              out_of_memory=f"the sandbox has {o.memory_mb} MB" if code == 137 and not timed_out else None)
-        if msgs:
-            output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(msgs)
+        notes += limit_messages(timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb,
+                                file_too_large=code in (128 + 25, -25),
+                                disk_full=self.disk_fs != "none" and diskfs.is_full(self.workspace),
+                                out_of_memory=f"the sandbox has {o.memory_mb} MB" if code == 137 and not timed_out else None)
+        notes = [n for n in notes if n]
+        if notes:
+            output = (output.rstrip("\n") + "\n" if output else "") + "\n".join(notes)
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
 
     def restart(self) -> None:

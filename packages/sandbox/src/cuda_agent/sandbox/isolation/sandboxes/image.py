@@ -30,13 +30,15 @@ TRIM = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", 
 CHANGES = ['WORKDIR /workspace', 'ENV LANG=C.UTF-8 PATH=/usr/local/bin:/usr/bin:/bin', 'CMD ["/bin/bash"]']
 
 
-def docker_client():
+def docker_client(timeout: float | None = None):
+    """A client of the engine ``DOCKER_HOST`` names (or the local one); ``timeout``: its
+    socket timeout in seconds (the SDK's default, 60 s, when None)."""
     try:
         import docker
     except ImportError as exc:  # pragma: no cover
         raise SandboxError("the docker sandbox needs the docker SDK: pip install docker") from exc
     try:
-        client = docker.from_env()
+        client = docker.from_env(**({} if timeout is None else {"timeout": timeout}))
         client.ping()
     except Exception as exc:
         host = os.environ.get("DOCKER_HOST", "the local socket")

@@ -46,13 +46,15 @@ from . import diskfs
 from .disk_watchdog import DiskWatchdog
 from .layout import apply_layout, is_root
 from .output import collect
-from .results import CommandResult, SandboxError, limit_messages
-from .sweeps import kill_namespace, pid_namespace, sweep_uid
+from .results import CommandResult, SandboxError, command_end_messages, limit_messages
+from .sweeps import (kill_namespace, namespace_members, pid_in_namespace, pid_namespace, processes_of_uid,
+                     session_members, stop_and_kill, sweep_uid)
 from .tracking import TrackedProcesses
 from .uids import UidLease, acquire_uid, release_uid, uid_users
 
 LAUNCHER = Path(__file__).with_name("_launch.py")
 MB = 1024 * 1024
+SCRATCH = ["/tmp", "/var/tmp", "/dev/shm"]
 
 
 @dataclass
@@ -104,6 +106,11 @@ class SandboxProcess:
     def limit_notes(self, output: str) -> str:
         """What a limit did to the last command of this process (see TrackedProcesses.limit_notes)."""
         return self._session.limit_notes(output, self)
+
+    def end_command(self, output: str) -> str:
+        """Stop what the last command of this process (the agent's persistent shell) left
+        running; the lines that tell the agent so (see LocalSession.end_command)."""
+        return self._session.end_command(self, output)
 
     def kill(self) -> None:
         # the namespace's processes first (its init's end takes nested namespaces along);
@@ -281,11 +288,44 @@ class LocalSession(TrackedProcesses, SandboxSession):
                 proc.kill()
                 code = None
         self._forget(proc)
-        notes = self.explain(code, timed_out, timeout, killed_for_disk,
-                             disk_full="No space left on device" in output or diskfs.is_full(self.workspace))
+        full = self.disk_fs != "none" and diskfs.is_full(self.workspace)
+        notes = self.explain(code, timed_out, timeout, killed_for_disk, disk_full=full)
+        if "No space left on device" in output and not full and self.mode == "user":
+            # the command's private scratch file systems ended with it: which one is unknown
+            notes = "\n".join(filter(None, [notes, (
+                f"[sandbox] a file system other than the workspace is full: /tmp, /var/tmp and /dev/shm "
+                f"hold at most {self.options.tmp_mb} MB each")]))
         if notes:
             output = (output.rstrip("\n") + "\n" if output else "") + notes
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
+
+    def end_command(self, proc: SandboxProcess, output: str) -> str:
+        """After a command of ``proc`` (a long-lived shell): every process the command left
+        running is stopped (the members of the shell's PID namespace other than the shell,
+        its init; without namespaces, the members of its session); the lines for the agent:
+        what was stopped, the process limit and what background jobs hold of it, a full
+        scratch file system."""
+        if proc.pid_ns is not None:
+            ns = proc.pid_ns
+
+            def left() -> list[int]:
+                return [p for p in namespace_members(ns) if pid_in_namespace(p) != 1]
+        else:  # no namespace of its own: the shell leads the session (it is the launcher's exec)
+            def left() -> list[int]:
+                return [p for p in session_members(proc.pid) if p != proc.pid and
+                        (self.mode != "user" or pid_in_namespace(p) != 1)]
+        stopped, survivors = stop_and_kill(left)
+        if survivors:
+            self.notes.append(f"processes {survivors} a command left outlived SIGKILL")
+        limit, held, full = None, 0, []
+        if self.mode == "user" and self.lease is not None:
+            limit = self.options.nproc
+            mine = set(namespace_members(proc.pid_ns)) if proc.pid_ns else set()
+            held = len([p for p in processes_of_uid(self.lease.uid) if p not in mine])
+            init = next((p for p in mine if pid_in_namespace(p) == 1), None)
+            if init is not None:
+                full = _full_scratch(init, self.options.tmp_mb)
+        return "\n".join(command_end_messages(stopped, output, limit, held, full))
 
     def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False,
                 disk_full: bool = False) -> str:
@@ -350,15 +390,28 @@ def _namespaces_work() -> bool:
     return _ns_ok
 
 
+def _full_scratch(init: int, size_mb: int) -> list[tuple[str, int]]:
+    """The scratch file systems (private tmpfs) of the namespace whose init is ``init`` that
+    have no room left."""
+    full = []
+    for d in SCRATCH:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(f"/proc/{init}/root{d}")
+            if st.f_bavail * st.f_frsize <= MB:
+                full.append((d, size_mb))
+    return full
+
+
 def _child_namespace(popen: subprocess.Popen, timeout: float = 5.0) -> str | None:
     """The PID namespace ``unshare --pid`` made for its command (once it has made it)."""
     own = pid_namespace(os.getpid())
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # no link until the namespace has its init: between unshare's unshare() and fork()
         ns = pid_namespace(popen.pid, children=True)
-        if ns is None or popen.poll() is not None:
+        if popen.poll() is not None:
             return None
-        if ns != own:
+        if ns is not None and ns != own:
             return ns
         time.sleep(0.002)
     return None

@@ -43,3 +43,27 @@ def limit_messages(timed_out: bool, timeout: float, killed_for_disk: bool, disk_
     if out_of_memory:
         msgs.append(f"[sandbox] killed: out of memory ({out_of_memory}) or another resource limit")
     return msgs
+
+
+def hit_process_limit(output: str) -> bool:
+    """Whether a command's output says a process could not be started for the process limit."""
+    return "fork: " in output and "Resource temporarily unavailable" in output
+
+
+def command_end_messages(stopped: int, output: str, process_limit: int | None, held_by_jobs: int,
+                         full: list[tuple[str, int]]) -> list[str]:
+    """The lines a sandbox appends after a command of the agent's persistent shell:
+    ``stopped`` processes the command left running; the process limit when the output says
+    it was hit (``held_by_jobs``: processes of the session's background jobs); ``full``:
+    (path, size in MB) of each full scratch file system."""
+    msgs = []
+    if stopped:
+        msgs.append(f"[sandbox] the command left {stopped} processes running; they were stopped (a command's "
+                    "processes end with it: start long-running work as a background job, run_in_background)")
+    if process_limit is not None and hit_process_limit(output):
+        held = f"; the session's background jobs hold {held_by_jobs} of them (kill_job ends one)" if held_by_jobs else ""
+        msgs.append(f"[sandbox] the process limit was reached: the sandbox runs at most {process_limit} processes"
+                    f"{held}")
+    for path, size in full:
+        msgs.append(f"[sandbox] {path} is full: it holds at most {size} MB; delete files there to go on")
+    return msgs

@@ -97,6 +97,57 @@ def _kill_until_gone(find: Callable[[], list[int]], timeout: float, extra: Calla
         time.sleep(0.02)
 
 
+def pid_in_namespace(pid: int) -> int | None:
+    """``pid``'s number in its own (innermost) PID namespace."""
+    try:
+        nspid = _status(str(pid)).get("NSpid", "").split()
+    except OSError:
+        return None
+    return int(nspid[-1]) if nspid else None
+
+
+def session_members(sid: int) -> list[int]:
+    """Living processes of the session ``sid``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if rest[0] not in ("Z", "X") and int(rest[3]) == sid:
+            found.append(int(pid))
+    return found
+
+
+def stop_and_kill(find: Callable[[], list[int]], timeout: float = 5.0) -> tuple[int, list[int]]:
+    """End the processes ``find`` lists, also those they fork meanwhile: each round stops
+    (SIGSTOP) every process found until a round finds no new one, so a fork bomb cannot
+    outrun it; then all are killed. Returns (how many were found, those alive after ``timeout``)."""
+    stopped: set[int] = set()
+    for _ in range(1000):
+        new = set(find()) - stopped
+        if not new:
+            break
+        for pid in new:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+    if not stopped:
+        return 0, []
+    left = _kill_until_gone(lambda: sorted(set(find()) | {p for p in stopped if _alive(p)}), timeout)
+    return len(stopped), left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return _living(str(pid), _status(str(pid)))
+    except OSError:
+        return False
+
+
 def kill_namespace(ns: str, timeout: float = 5.0) -> list[int]:
     """SIGKILL every process of the PID namespace ``ns`` (so the whole namespace ends, also
     processes that left the process group, cleared their parent-death signal or started

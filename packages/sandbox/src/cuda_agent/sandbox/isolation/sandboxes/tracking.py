@@ -52,8 +52,9 @@ class TrackedProcesses:
         fired = self.watchdog.fired
         killed = fired != getattr(proc, "_fired_seen", fired)
         proc._fired_seen = fired
-        full = getattr(self, "disk_fs", "none") != "none" and (
-            "No space left on device" in output or diskfs_full(self.workspace))
+        # the workspace's own file system, not any full one ("No space left on device" in the
+        # output may be /tmp's: end_command names that)
+        full = getattr(self, "disk_fs", "none") != "none" and diskfs_full(self.workspace)
         return "\n".join(limit_messages(False, 0, killed, o.disk_mb, o.file_size_mb, False, None, disk_full=full))
 
     def _adopt(self) -> None:
