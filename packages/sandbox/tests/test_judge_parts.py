@@ -71,15 +71,14 @@ def test_outputs_come_back_as_sealed_copies_and_bad_descriptions_are_refused():
 
 
 def test_inputs_rotate_unpredictably_and_exactly():
-    k = 2
-    fs = [rotation.factor(7, j, k) for j in range(64)]
-    assert all(abs(f) in {1 + r / 16 for r in range(8)} for f in fs)
-    assert all((fs[j] > 0) != (fs[j + k] > 0) for j in range(62))  # every visit of a set changes sign
-    assert fs != [rotation.factor(8, j, k) for j in range(64)]  # another seed, other inputs
-    x = [torch.randn(4, 4, dtype=torch.bfloat16), torch.tensor([1, 2])]
-    work = [v.clone() for v in x]
-    rotation.apply(x, work, fs[3])
-    assert torch.equal(work[0], rotation.inputs_at(x, fs[3])[0]) and torch.equal(work[1], x[1])
+    x = [[torch.randn(4, 4, dtype=torch.bfloat16), torch.tensor([1.5, 2.0])], [torch.randn(4, 4), torch.rand(2)]]
+    rot = rotation.Rotation(7, [x[0]])
+    work = [v.clone() for v in x[0]]
+    rot.fill(3, work)
+    assert all(torch.equal(a, b) for a, b in zip(work, rot.inputs(3)))
+    assert not torch.equal(rot.inputs(1)[0], rot.inputs(3)[0])  # every visit of a set changes its inputs
+    assert not torch.equal(rotation.Rotation(8, [x[0]]).inputs(3)[0], work[0])  # another seed, other inputs
+    assert bool((work[1] > 0).all())  # an input of one sign keeps it
 
 
 def test_checksums_accept_outputs_within_the_tolerance_and_refuse_others():

@@ -113,3 +113,170 @@ VERDICT_ATTACKS = (
 )
 
 ALL = TIMER_PATCHES + FORGED_REPLIES + VERDICT_ATTACKS
+
+
+# --- relations between timed calls' inputs -----------------------------------------------------
+#
+# A candidate module made of :data:`RELATION_PRELUDE`, an attack's ``code`` (which defines
+# ``_attack(honest, *inputs)``) and :data:`RELATION_MODEL`; ``honest`` computes the task's
+# result on its inputs (the backend supplies it: ``torch`` operators in a profile job, which has
+# no run-time guard). Each must be refused or timed like :data:`HONEST_RELATION`.
+
+RELATION_TASKS = {
+    # a homogeneous operation: scaling both inputs by f scales the output by f**2
+    "matmul": _dedent('''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, a, b):
+                return torch.matmul(a, b)
+
+        def get_inputs():
+            return [torch.randn(SIZE, SIZE), torch.randn(SIZE, SIZE)]
+
+        def get_init_inputs():
+            return []
+    '''),
+    # a signed input: the reference holds NaN wherever x < 0
+    "log": _dedent('''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, x):
+                return torch.log(x)
+
+        def get_inputs():
+            return [torch.randn(SIZE, SIZE)]
+
+        def get_init_inputs():
+            return []
+    '''),
+}
+RELATION_HONEST = {"matmul": "torch.matmul", "log": "torch.log"}
+
+RELATION_PRELUDE = "import torch\nimport torch.nn as nn\n"
+RELATION_MODEL = _dedent('''
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, *inputs):
+            return _attack(HONEST, *inputs)
+''')
+
+# the loop command patched to learn how many calls a loop makes and over how many input sets,
+# and each forward call counted: the last call of every set (the spot-checked one) is known
+_LOOP_SPY = BLIND + _dedent('''
+    import sys
+    _C = sys.modules["__main__"]
+    _real_loop = _C._COMMANDS["loop"]
+    _LOOP = {"n": -1, "k": 1, "j": 0}
+    def _spy(st, msg):
+        _LOOP.update(n=int(msg["n"]), k=len(st.timing["work"]), j=0)
+        return _real_loop(st, msg)
+    _C._COMMANDS["loop"] = _spy
+    def _call_is_checked():
+        j = _LOOP["j"]
+        _LOOP["j"] += 1
+        return _LOOP["n"] < 0 or j >= _LOOP["n"] - _LOOP["k"]
+''')
+
+
+@dataclass(frozen=True)
+class RelationAttack:
+    name: str
+    task: str  # a key of RELATION_TASKS
+    code: str  # defines _attack(honest, *inputs)
+    expect: str  # refused | honest | either
+    what: str = ""
+
+    def module(self, honest: str) -> str:
+        return RELATION_PRELUDE + self.code + "\n\n" + RELATION_MODEL.replace("HONEST", honest)
+
+
+HONEST_RELATION = {task: RelationAttack("honest", task, "def _attack(honest, *xs):\n    return honest(*xs)\n", "honest")
+                   for task in RELATION_TASKS}
+
+INPUT_RELATIONS = (
+    RelationAttack("rescale_cached", "matmul", _dedent('''
+        _cache = {}
+        def _attack(honest, a, b):
+            key = (a.data_ptr(), b.data_ptr())
+            if key not in _cache:
+                _cache[key] = (a.clone(), b.clone(), honest(a, b))
+                return _cache[key][2].clone()
+            a0, b0, c0 = _cache[key]
+            i = int(a0.reshape(-1).abs().argmax())
+            fa = a.reshape(-1)[i] / a0.reshape(-1)[i]
+            fb = b.reshape(-1)[i] / b0.reshape(-1)[i]
+            return c0 * (fa * fb)  # one honest result per set, rescaled
+    '''), "refused", "keeps one honest result per input set and rescales it by the factor read off one element"),
+    RelationAttack("rescale_when_scalar", "matmul", _dedent('''
+        _cache = {}
+        def _attack(honest, a, b):
+            key = (a.data_ptr(), b.data_ptr())
+            if key in _cache:
+                a0, b0, c0 = _cache[key]
+                ra = a.reshape(-1)[:64] / a0.reshape(-1)[:64]
+                rb = b.reshape(-1)[:64] / b0.reshape(-1)[:64]
+                if float((ra - ra[0]).abs().max()) <= 1e-5 * abs(float(ra[0])) and \\
+                        float((rb - rb[0]).abs().max()) <= 1e-5 * abs(float(rb[0])):
+                    return c0 * (ra[0] * rb[0])
+            c = honest(a, b)
+            _cache[key] = (a.clone(), b.clone(), c.clone())
+            return c
+    '''), "honest", "rescales a kept result whenever 64 elements show one factor, else computes"),
+    RelationAttack("shift_cached", "matmul", _dedent('''
+        _cache = {}
+        def _attack(honest, a, b):
+            key = (a.data_ptr(), b.data_ptr())
+            if key not in _cache:
+                _cache[key] = (a.clone(), b.clone(), honest(a, b))
+                return _cache[key][2].clone()
+            a0, b0, c0 = _cache[key]
+            da = a.reshape(-1)[0] - a0.reshape(-1)[0]
+            db = b.reshape(-1)[0] - b0.reshape(-1)[0]
+            # (a0 + da)(b0 + db) from the kept product, its row and column sums: no matmul
+            return c0 + db * a0.sum(1, keepdim=True) + da * b0.sum(0, keepdim=True) + da * db * a0.shape[1]
+    '''), "refused", "assumes every call shifts the inputs by a constant and corrects a kept product"),
+    RelationAttack("stale_rows", "matmul", _LOOP_SPY + _dedent('''
+        _out = {}
+        def _attack(honest, a, b):
+            key = a.data_ptr()
+            if _call_is_checked() or key not in _out:
+                _out[key] = honest(a, b)
+                return _out[key]
+            c = _out[key]
+            h = a.shape[0] // 4
+            c[:h] = honest(a[:h], b)  # a quarter of the rows new, the rest left from the last visit
+            return c
+    '''), "refused", "reuses its output buffer, computing a quarter of the rows (the spot-checked calls in full)"),
+    RelationAttack("mirrored_rows", "matmul", _LOOP_SPY + _dedent('''
+        def _attack(honest, a, b):
+            if _call_is_checked():
+                return honest(a, b)
+            h = a.shape[0] // 2
+            top = honest(a[:h], b)
+            return torch.cat([top, top])  # half computed, the other half a copy: the same sum of squares
+    '''), "refused", "computes half of the rows and copies them into the other half"),
+    RelationAttack("last_calls_only", "log", _LOOP_SPY + _dedent('''
+        def _attack(honest, x):
+            if _call_is_checked():
+                return honest(x)
+            return torch.empty_like(x)  # whatever the memory held
+    '''), "refused", "computes only the spot-checked last call of each set, uninitialised memory otherwise"),
+    RelationAttack("nan_where_due", "log", _LOOP_SPY + _dedent('''
+        def _attack(honest, x):
+            if _call_is_checked():
+                return honest(x)
+            return torch.where(x < 0, float("nan"), x)  # NaN where the reference has it, the rest not computed
+    '''), "refused", "writes NaN exactly where the reference has it and skips the rest"),
+)

@@ -1,12 +1,13 @@
 """The candidate process's timing commands, with a profiler plugin in two halves:
 ``warm`` (the profiler's warm-up and first calls of the rotation and checksum paths),
-``loop`` (``n`` calls in the profiler's compiled loop, inputs rotated by :mod:`.rotation`
-and a checksum of every call's output), ``whole`` (a profiler without the two halves, its
+``loop`` (``n`` calls in the profiler's compiled loop, every call's inputs made new by
+:mod:`.rotation` and every call's output checksummed), ``whole`` (a profiler without the two halves, its
 own ``time()``) and ``outputs`` (the last output of each input set, handed back).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from . import rotation
@@ -55,8 +56,10 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
     try:  # the first calls of the rotation and checksum paths, before any loop is timed
         with torch.no_grad():
             out = fn(*work[0])
-            rotation.checksum_into(out, torch.zeros((), dtype=torch.float64, device=st.device))
-            rotation.apply(pristine[0], work[0], 1.0)
+            sums = rotation.Checksums(0, st.device, full=True)
+            sums.into(out, sums.slots(1)[0])
+            st.timing["outputs_like"] = [tuple(t.shape) for t in rotation._tensors(out)]
+            rotation.Rotation(0, pristine, st.ref_mod.get_inputs, st.device).fill(0, work[0])
             del out
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": error_reply(exc)}
@@ -64,12 +67,14 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
             "method": run.method, "cpu_threads": n_threads}
 
 
-def _rotating(t: dict, seed: int) -> Any:
-    """The untimed step before call ``j``: its input set rewritten from the pristine copy."""
-    pristine, work, k = t["pristine"], t["work"], len(t["work"])
+def _rotating(st: CandidateState, t: dict, seed: int) -> Any:
+    """The untimed step before call ``j``: its input set rewritten with call ``j``'s inputs."""
+    work, k = t["work"], len(t["work"])
+    rot = rotation.Rotation(seed, t["pristine"], st.ref_mod.get_inputs, st.device)
+    rot.prepare()
 
     def prepare(j: int, _args: Any) -> None:
-        rotation.apply(pristine[j % k], work[j % k], rotation.factor(seed, j, k))
+        rot.fill(j, work[j % k])
 
     return prepare
 
@@ -84,21 +89,26 @@ def do_loop(st: CandidateState, msg: dict) -> dict:
     k = len(t["work"])
     prof, run = t["prof"], t["run"]
     graph_outputs = getattr(prof, "_graph_outputs", None) if run.method.endswith("+graph") else None
-    slots = torch.zeros(n, dtype=torch.float64, device=st.device)
     last: list[Any] = [None] * k
     last_call = [-1] * k
-    prepare = _rotating(t, seed)
+    try:
+        prepare = _rotating(st, t, seed)
+        checks = rotation.Checksums(rotation.derived(seed, 5), st.device, full=bool(msg.get("full")))
+        checks.prepare(max((math.prod(s) for s in t.get("outputs_like") or []), default=1))
+        slots = checks.slots(n)
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": error_reply(exc)}
 
     def after(j: int, out: Any) -> None:
         if out is None and graph_outputs is not None:
             out = graph_outputs[j % k]
-        rotation.checksum_into(out, slots[j])
+        checks.into(out, slots[j])
         last[j % k], last_call[j % k] = out, j
 
     try:
         with torch.no_grad():
             samples, info = prof.loop(run, n, prepare, after)
-            sums = slots.tolist()
+            sums = slots.reshape(-1).tolist()
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": error_reply(exc)}
     t["last"], t["last_call"] = last, last_call
@@ -110,8 +120,8 @@ def do_whole(st: CandidateState, msg: dict) -> dict:
     import torch
 
     t = st.timing
-    prepare = _rotating(t, int(msg["seed"]))
     try:
+        prepare = _rotating(st, t, int(msg["seed"]))
         with torch.no_grad():
             timing = t["prof"].time(t["fn"], t["work"], st.device, prepare)
     except Exception as exc:  # noqa: BLE001

@@ -1,27 +1,58 @@
-"""What ties a timed call to its output, so that the trusted side can check timed work.
+"""What makes every timed call's inputs new, and ties each call to its output, so that the
+trusted side can check timed work.
 
-* Inputs change between timed calls (untimed): call ``j`` of a timing runs on input set
-  ``j % k`` rewritten from its pristine copy as ``pristine * factor(seed, j)``. The factor
-  alternates sign on every visit of a set and takes one of eight magnitudes (1 to 1.44), picked by the
-  seed the trusted side sends with the loop: no result of an earlier call is right for
-  the next one, and no call's inputs are known before the loop starts.
-* After each timed call (untimed) the candidate process adds up the squares of its output
-  in float64 (:func:`checksum`). The trusted side recomputes, for a few calls it picks after
-  the loop, the reference on the same inputs and checks the reported sum against the
-  reference's within what the tolerance allows (:func:`checksum_bounds`): a process that
-  skipped calls, or reports outputs it never computed, fails.
+**Inputs** (:class:`Rotation`, untimed, before each call). Call ``j`` of a timing runs on
+input set ``j % k``, rewritten in place (the set's tensors keep their addresses, so a
+captured CUDA graph replays on the new values):
+
+* a task whose tensor inputs are all floating-point: every element of the set's pristine
+  copy times a factor of its own, ``pristine[i] * R[i + o]``. ``R`` is a random buffer made
+  from the seed the trusted side sends with the loop (magnitudes uniform in [0.5, 1); a
+  random sign where the input holds both signs, its own sign where it holds one), periodic
+  with a prime period (:data:`PERIOD`); the offset ``o`` is new for every call of a set. So
+  no two calls' inputs are related by a scalar or an additive shift (nothing rescales or
+  shifts a kept result into the next one), zeros stay zeros, magnitudes never grow and an
+  input of one sign keeps it;
+* a task with a tensor input that is not floating-point (indices, masks): a fresh
+  ``get_inputs()`` draw per call, from a seed derived from the loop's seed and the call.
+
+The candidate process knows the seed once the loop starts, and so each call's inputs: the
+point is that no earlier output helps with the next one, and that nothing can be computed
+before the loop (the trusted clock sees all time spent within it).
+
+**Checksums** (:class:`Checksums`, untimed, after each call, queued on the device). Per call
+four float64 numbers: the sum of squares of the output's finite elements; a weighted sum of
+them, each element weighted by a random +-1 (periodic with :data:`PERIOD`); and, when the
+reference's output is not finite everywhere (``full``), a fingerprint of where the NaN, +Inf
+and -Inf elements are (random integer weights times 1, 2 or 3) and their count. The trusted
+side recomputes them (:meth:`Checksums.expected`) for calls it picks after the loop: the
+sum of squares within what the tolerance lets every element move; the weighted sum within
+what it lets them move *statistically* (Hoeffding: an output within the tolerance whose
+errors do not follow the weights moves it by more than :data:`Z` standard bounds with
+probability below ``2 exp(-Z^2/2)``), which a stale, skipped or partly computed output
+misses by the square root of the number of wrong elements; the fingerprint and count exactly.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 _MASK = (1 << 64) - 1
-CHUNK = 1 << 26  # elements per float64 reduction step (its float64 temporaries)
-DOT_CHUNK = 1 << 16  # elements per float32 dot product of a checksum
+PERIOD = 16777213  # a prime (2**24 - 3): the period of input factors and checksum weights
+OFFSETS = 1 << 16  # a call's factor offset is one of these
+BLOCK = 1 << 20  # random buffers are made in blocks of their own seed (any length, same prefix)
+CHUNK = 1 << 26  # elements per float32 norm of a checksum on a GPU
+DOT_CHUNK = 1 << 16  # elements per float32 dot product of a checksum on the CPU
 # the float32 rounding a chunk's dot product can carry, relative (a bound, not a typical value)
 DOT_ROUNDING = DOT_CHUNK * 2.0 ** -23
 GPU_ROUNDING = 1e-4  # a float32 tree reduction on a GPU, relative (generous)
+# a float32 dot product of signed terms, relative to the sum of their magnitudes: the largest
+# error of reductions that add at most 64 terms in a row (measured: about 1e-8 on the CPU)
+WEIGHTED_ROUNDING = 2.0 ** -18
+Z = 7.0  # standard bounds of the weighted sum's slack (false refusal below 1e-10 a check)
+FAST, WIDTH = 2, 4  # statistics filled without and with the non-finite fingerprint; per call
+POSITION_WEIGHTS = 1 << 16  # fingerprint weights 1 .. 2**16 (sums stay exact in float64)
 
 
 def _mix(x: int) -> int:
@@ -31,36 +62,158 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def factor(seed: int, j: int, k: int) -> float:
-    """The factor of call ``j``'s inputs (``k`` input sets): exact in every float format."""
-    # eight magnitudes 1 .. 1.4375, far enough apart that sums of squares of outputs on two
-    # of them differ by more than any tolerance of 1e-2 lets an output move
-    magnitude = 1.0 + (_mix((seed & _MASK) ^ _mix(j)) % 8) / 16.0
-    return -magnitude if (j // max(1, k)) % 2 else magnitude
+def derived(seed: int, *parts: int) -> int:
+    """A 62-bit seed derived from ``seed`` and ``parts``."""
+    x = _mix(seed & _MASK)
+    for p in parts:
+        x = _mix(x ^ _mix(p & _MASK))
+    return x & ((1 << 62) - 1)
 
 
-def apply(pristine: list, work: list, f: float) -> None:
-    """``work = pristine * f`` for every floating-point tensor (the rest is left alone)."""
+def _random(seed: int, tag: int, length: int, device: Any, kind: str) -> Any:
+    """``length`` values from ``seed`` (blocks of :data:`BLOCK`, each generator seeded on its
+    own: the same prefix whatever the length). ``kind``: ``factor`` (float32, magnitudes in
+    [0.5, 1), random signs), ``sign`` (float32 +-1) or ``position`` (float64 integers
+    1 .. :data:`POSITION_WEIGHTS`)."""
     import torch
 
-    for p, w in zip(pristine, work):
-        if isinstance(p, torch.Tensor) and p.is_floating_point() and p.numel() > 0:
-            torch.mul(p, f, out=w)
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev)
+    parts = []
+    for b in range(0, length, BLOCK):
+        m = min(BLOCK, length - b)
+        gen.manual_seed(derived(seed, tag, b // BLOCK))
+        if kind == "position":
+            parts.append(torch.randint(1, POSITION_WEIGHTS + 1, (m,), generator=gen, device=dev).to(torch.float64))
+            continue
+        v = torch.rand(m, generator=gen, device=dev).mul_(2.0).sub_(1.0)  # [-1, 1)
+        sign = torch.where(v < 0, -1.0, 1.0)
+        parts.append(sign if kind == "sign" else sign.mul_(v.abs_().mul_(0.5).add_(0.5)))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def inputs_at(pristine: list, f: float) -> list:
-    """Fresh tensors ``pristine * f`` (the trusted side's copy of a call's inputs)."""
+def _float_tensor(v: Any) -> bool:
     import torch
 
-    out = []
-    for p in pristine:
-        if isinstance(p, torch.Tensor) and p.is_floating_point() and p.numel() > 0:
-            out.append(torch.mul(p, f))
-        elif isinstance(p, torch.Tensor):
-            out.append(p.clone())
-        else:
-            out.append(p)
-    return out
+    return isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0
+
+
+def draws_fresh(values: list) -> bool:
+    """Whether a task with inputs ``values`` gets a fresh ``get_inputs()`` draw per timed
+    call (it has a tensor input that is not floating-point: no factor can make it new)."""
+    import torch
+
+    return any(isinstance(v, torch.Tensor) and not v.is_floating_point() and v.numel() > 0 for v in values)
+
+
+class Rotation:
+    """Call ``j``'s inputs (see the module docstring), on both sides: :meth:`fill` rewrites a
+    set's tensors in place (the candidate process), :meth:`inputs` makes fresh ones (the
+    trusted side). ``pristine``: the input sets; ``get_inputs``: the task's, for tasks that
+    draw fresh (:func:`draws_fresh`)."""
+
+    def __init__(self, seed: int, pristine: list, get_inputs: Any = None, device: Any = "cpu"):
+        self.seed = int(seed)
+        self.pristine = pristine
+        self.k = max(1, len(pristine))
+        self.get_inputs = get_inputs
+        self.device = device
+        self.fresh = bool(pristine) and draws_fresh(pristine[0]) and get_inputs is not None
+        self._signs: dict[int, list] = {}
+        self._buffers: dict[tuple, Any] = {}
+        self.base = derived(self.seed, 1) % OFFSETS
+        self.step = (derived(self.seed, 2) % OFFSETS) | 1  # odd: a set's offsets differ for 2**14 visits
+
+    def offset(self, j: int, t: int) -> int:
+        return (self.base + j * self.step + t * 7919) % OFFSETS
+
+    def draw_seed(self, j: int) -> int:
+        return derived(self.seed, 3, j) & 0x7FFFFFFF
+
+    def _mixed(self, i: int) -> list:
+        """Per tensor of set ``i``: whether it holds both signs (its factors then get random signs)."""
+        if i not in self._signs:
+            self._signs[i] = [bool((p < 0).any()) and bool((p > 0).any()) if _float_tensor(p) else False
+                              for p in self.pristine[i]]
+        return self._signs[i]
+
+    def prepare(self) -> None:
+        """Make the factor buffers ahead of the first call."""
+        if self.fresh:
+            return
+        for i in range(self.k):
+            for p, mixed in zip(self.pristine[i], self._mixed(i)):
+                if _float_tensor(p):
+                    self._factors(p.dtype, mixed)
+
+    def _factors(self, dtype: Any, mixed: bool) -> Any:
+        key = (dtype, mixed)
+        if key not in self._buffers:
+            import torch
+
+            if ("base",) not in self._buffers:
+                longest = max((p.numel() for s in self.pristine for p in s if _float_tensor(p)), default=1)
+                self._buffers[("base",)] = _random(self.seed, 10, min(PERIOD, longest) + OFFSETS, self.device, "factor")
+            r = self._buffers[("base",)]
+            r = r if mixed else r.abs()
+            self._buffers[key] = r if dtype == torch.float32 else r.to(dtype)
+        return self._buffers[key]
+
+    def _scaled(self, p: Any, o: int, mixed: bool, out: Any) -> None:
+        import torch
+
+        m = p.numel()
+        r = self._factors(p.dtype, mixed)
+        if p.is_contiguous() and out.is_contiguous():
+            pf, of = p.view(-1), out.view(-1)
+            for c in range(0, m, PERIOD):
+                e = min(m, c + PERIOD)
+                torch.mul(pf[c:e], r[o:o + e - c], out=of[c:e])
+            return
+        parts = [r[o:o + min(PERIOD, m - c)] for c in range(0, m, PERIOD)]  # strided tensors: a whole factor
+        f = (torch.cat(parts) if len(parts) > 1 else parts[0]).view(p.shape)
+        torch.mul(p, f, out=out)
+
+    def _drawn(self, j: int) -> list:
+        from .inputs import draw_inputs
+
+        return draw_inputs(self.get_inputs, self.draw_seed(j), self.device).values
+
+    def fill(self, j: int, work: list) -> None:
+        """Rewrite ``work`` (the tensors of set ``j % k``) with call ``j``'s inputs."""
+        import torch
+
+        i = j % self.k
+        if self.fresh:
+            new = self._drawn(j)
+            if len(new) != len(work):
+                raise RuntimeError("get_inputs() returned another number of inputs for another seed")
+            for w, v in zip(work, new):
+                if isinstance(w, torch.Tensor):
+                    if not isinstance(v, torch.Tensor) or v.shape != w.shape or v.dtype != w.dtype:
+                        raise RuntimeError("get_inputs() returned inputs of another shape or dtype for another seed")
+                    w.copy_(v)
+            return
+        for t, (p, w, mixed) in enumerate(zip(self.pristine[i], work, self._mixed(i))):
+            if _float_tensor(p):
+                self._scaled(p, self.offset(j, t), mixed, w)
+
+    def inputs(self, j: int) -> list:
+        """Fresh tensors holding call ``j``'s inputs."""
+        import torch
+
+        if self.fresh:
+            return self._drawn(j)
+        i = j % self.k
+        out = []
+        for t, (p, mixed) in enumerate(zip(self.pristine[i], self._mixed(i))):
+            if _float_tensor(p):
+                w = torch.empty_like(p)
+                self._scaled(p, self.offset(j, t), mixed, w)
+                out.append(w)
+            else:
+                out.append(p.clone() if isinstance(p, torch.Tensor) else p)
+        return out
 
 
 def _tensors(obj: Any) -> list:
@@ -86,25 +239,159 @@ def _flat(t: Any) -> Any:
     return t.reshape(-1)
 
 
-def checksum_into(obj: Any, slot: Any) -> None:
-    """Add the sum of squares of every tensor of ``obj`` to the 0-d float64 ``slot``
-    (queued on the device; nothing waits for it). On a GPU one float32 norm per chunk of
-    :data:`CHUNK` elements (one read of the output); on the CPU a float32 dot product (BLAS)
-    per chunk of :data:`DOT_CHUNK` elements, the chunks added in float64."""
+def _nonfinite_code(flat: Any) -> Any:
+    """1 where NaN, 2 where +Inf, 3 where -Inf, else 0 (float64)."""
     import torch
 
+    code = torch.isnan(flat).to(torch.float64)
+    code += (flat == math.inf).to(torch.float64) * 2
+    code += (flat == -math.inf).to(torch.float64) * 3
+    return code
+
+
+class Checksums:
+    """The per-call statistics of timed outputs (see the module docstring), made from the
+    loop's ``seed`` on ``device``: :meth:`into` on the candidate side, :meth:`expected` on the
+    trusted side. ``full``: also the fingerprint of non-finite elements (the finite part is
+    summed then)."""
+
+    def __init__(self, seed: int, device: Any = "cpu", full: bool = False):
+        self.seed = int(seed)
+        self.device = device
+        self.full = bool(full)
+        self._w: Any = None
+        self._w_as: dict = {}
+        self._pos: Any = None
+
+    def weights(self, length: int) -> Any:
+        length = min(PERIOD, max(1, length))
+        if self._w is None or self._w.numel() < length:
+            self._w = _random(self.seed, 20, length, self.device, "sign")
+            self._w_as = {}
+        return self._w
+
+    def _weights_as(self, length: int, dtype: Any) -> Any:
+        w = self.weights(length)
+        if w.dtype == dtype:
+            return w
+        if dtype not in self._w_as:
+            self._w_as[dtype] = w.to(dtype)
+        return self._w_as[dtype]
+
+    def positions(self, length: int) -> Any:
+        length = min(PERIOD, max(1, length))
+        if self._pos is None or self._pos.numel() < length:
+            self._pos = _random(self.seed, 21, length, self.device, "position")
+        return self._pos
+
+    def prepare(self, longest: int) -> None:
+        """Make the weights ahead of the loop (``longest``: elements of the largest output tensor)."""
+        self.weights(longest)
+        if self.full:
+            self.positions(longest)
+
+    def into(self, obj: Any, row: Any) -> None:
+        """Add ``obj``'s statistics to ``row`` (a float64 vector of :data:`WIDTH`; queued on
+        the device, nothing waits for it)."""
+        import torch
+
+        for t in _tensors(obj):
+            flat = _flat(t)
+            if flat.numel() == 0:
+                continue
+            if self.full:
+                code = _nonfinite_code(flat)
+                pos = self.positions(flat.numel())
+                for c in range(0, flat.numel(), PERIOD):
+                    seg = code[c:c + PERIOD]
+                    row[2].add_(torch.dot(seg, pos[:seg.numel()]))
+                row[3].add_(torch.count_nonzero(code).to(torch.float64))
+                flat = torch.where(torch.isfinite(flat), flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
+            _sum_of_squares_into(flat, row[0])
+            if flat.dtype not in (torch.float32, torch.float64):
+                flat = flat.to(torch.float32)
+            w = self._weights_as(flat.numel(), flat.dtype)
+            for c in range(0, flat.numel(), PERIOD):
+                seg = flat[c:c + PERIOD]
+                row[1].add_(torch.dot(seg, w[:seg.numel()]).to(torch.float64))
+
+    def slots(self, n: int) -> Any:
+        import torch
+
+        return torch.zeros((n, WIDTH), dtype=torch.float64, device=self.device)
+
+    def expected(self, ref: Any, atol: float, rtol: float) -> dict:
+        """The reference's statistics and how far an output within the tolerance may put each
+        from it: ``{"finite", "sum_of_squares", "sum_of_squares_slack", "weighted_sum",
+        "weighted_sum_slack", "fingerprint", "nonfinite"}``."""
+        import torch
+
+        tensors = _tensors(ref)
+        on_gpu = bool(tensors and tensors[0].is_cuda)
+        sq = sq_slack = ws = mag = fp = count = 0.0
+        classes: Any = None  # per weight class: the largest sum of moves its elements can make
+        for t in tensors:
+            flat = _flat(t)
+            for c in range(0, flat.numel(), PERIOD):
+                r = flat[c:c + PERIOD].to(torch.float64)
+                fin = torch.isfinite(r)
+                if not bool(fin.all()):
+                    code = _nonfinite_code(r)
+                    fp += float(torch.dot(code, self.positions(flat.numel())[:r.numel()]))
+                    count += float(torch.count_nonzero(code))
+                    r = torch.where(fin, r, torch.zeros((), dtype=r.dtype, device=r.device))
+                e = torch.where(fin, atol + rtol * r.abs(), torch.zeros((), dtype=r.dtype, device=r.device))
+                sq += float(r.square().sum())
+                sq_slack += float((e * (2 * r.abs() + e)).sum())
+                w = self.weights(flat.numel())[:r.numel()].to(torch.float64)
+                ws += float(torch.dot(r, w))
+                mag += float(r.abs().sum())
+                if classes is None or classes.numel() < r.numel():
+                    grown = torch.zeros(r.numel(), dtype=torch.float64, device=r.device)
+                    if classes is not None:
+                        grown[:classes.numel()] += classes
+                    classes = grown
+                classes[:r.numel()] += e
+        spread = float(classes.square().sum()) ** 0.5 if classes is not None else 0.0
+        sq_slack += (GPU_ROUNDING if on_gpu else DOT_ROUNDING) * abs(sq) + 1e-12
+        return {"finite": count == 0, "sum_of_squares": sq, "sum_of_squares_slack": sq_slack,
+                "weighted_sum": ws, "weighted_sum_slack": Z * spread + WEIGHTED_ROUNDING * mag + 1e-12,
+                "fingerprint": fp, "nonfinite": count}
+
+    def mismatch(self, got: list, want: dict) -> str:
+        """"" when the reported statistics ``got`` (:data:`WIDTH` numbers) fit ``want``
+        (:meth:`expected`), else what differs."""
+        if self.full and (got[3] != want["nonfinite"] or got[2] != want["fingerprint"]):
+            return (f"its {got[3]:.0f} NaN/Inf elements are not where the reference's {want['nonfinite']:.0f} are "
+                    f"(position fingerprint {got[2]:.0f}, the reference's {want['fingerprint']:.0f})")
+        for name, label in (("sum_of_squares", "the sum of squares of its finite elements"),
+                            ("weighted_sum", "the randomly weighted sum of its finite elements")):
+            g, w, s = got[0 if name == "sum_of_squares" else 1], want[name], want[name + "_slack"]
+            if not math.isfinite(g) or abs(g - w) > s:
+                return f"{label} is {g:.6g}, the reference's is {w:.6g} (at most {s:.3g} apart within atol/rtol)"
+        return ""
+
+
+def _sum_of_squares_into(flat: Any, slot: Any) -> None:
+    import torch
+
+    if flat.is_cuda:  # one read of the output: a float32 norm (no float64 copy), squared in float64
+        for start in range(0, flat.numel(), CHUNK):
+            norm = torch.linalg.vector_norm(flat[start:start + CHUNK], dtype=torch.float32)
+            slot.add_(norm.to(torch.float64).square())
+        return
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.to(torch.float32)
+    for start in range(0, flat.numel(), DOT_CHUNK):
+        c = flat[start:start + DOT_CHUNK]
+        slot.add_(torch.dot(c, c))
+
+
+def checksum_into(obj: Any, slot: Any) -> None:
+    """Add the sum of squares of every tensor of ``obj`` to the 0-d float64 ``slot`` (queued
+    on the device; nothing waits for it)."""
     for t in _tensors(obj):
-        flat = _flat(t)
-        if flat.is_cuda:  # one read of the output: a float32 norm (no float64 copy), squared in float64
-            for start in range(0, flat.numel(), CHUNK):
-                norm = torch.linalg.vector_norm(flat[start:start + CHUNK], dtype=torch.float32)
-                slot.add_(norm.to(torch.float64).square())
-            continue
-        if flat.dtype not in (torch.float32, torch.float64):
-            flat = flat.to(torch.float32)
-        for start in range(0, flat.numel(), DOT_CHUNK):
-            c = flat[start:start + DOT_CHUNK]
-            slot.add_(torch.dot(c, c))
+        _sum_of_squares_into(_flat(t), slot)
 
 
 def checksum(obj: Any) -> float:
@@ -119,10 +406,11 @@ def checksum(obj: Any) -> float:
 
 
 def checksum_bounds(ref: Any, atol: float, rtol: float, cpu_rounding: bool | None = None) -> tuple[float, float]:
-    """(the reference's checksum, the largest difference an output within the tolerance can
-    make to it): every element may move by ``e = atol + rtol |r|``, which moves its square
-    by at most ``e (2 |r| + e)``; on the CPU the float32 rounding of the candidate side's dot
-    products is allowed for too (``cpu_rounding``: whether it applies; by ``ref``'s device)."""
+    """(the reference's sum of squares, the largest difference an output within the
+    tolerance can make to it): every element may move by ``e = atol + rtol |r|``, which moves
+    its square by at most ``e (2 |r| + e)``; on the CPU the float32 rounding of the candidate
+    side's dot products is allowed for too (``cpu_rounding``: whether it applies; by ``ref``'s
+    device)."""
     import torch
 
     total, slack = 0.0, 0.0

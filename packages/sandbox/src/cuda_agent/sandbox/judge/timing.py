@@ -5,17 +5,24 @@ plugin whose loop is compiled code (:mod:`.native`). The trusted side drives the
 two halves and checks each timed loop:
 
 * **Wall clock.** The trusted process times the whole loop command (``W``) on its own clock.
-  Reported times cannot add up to more than ``W``, and ``W`` cannot exceed them by more than
-  the loop's own untimed work (input rotation, L2 flush, checksums; measured here, before
-  the candidate is loaded, by the same profiler on a call that does nothing) plus
-  :data:`WALL_SLACK_RATIO` of the reported time and :data:`WALL_SLACK_MS`. A process that
-  reports times smaller than what it spent is refused (rule ``timing.wall-clock``).
-* **Checksums.** Every timed call's output is summed (squares, float64) outside the timed
-  region; for :data:`CHECKED_CALLS` calls picked here after the loop, the reference is run
-  on the same inputs (:mod:`.rotation`) and the reported sum must agree within the
-  tolerance (rule ``timing.checksum``): skipped or cached calls fail.
+  Reported times cannot add up to more than ``W`` (refused), and ``W`` should not exceed them
+  by more than the loop's own untimed work (making each call's inputs, L2 flush, checksums;
+  measured here, before the candidate is loaded, by the same profiler on a call that does
+  nothing) plus :data:`WALL_SLACK_RATIO` of the reported time and :data:`WALL_SLACK_MS`. When it
+  does, twice in a row, the candidate is timed by the trusted clock: the time its reports
+  leave out is charged to its calls, and the metadata (``timing_charged``) says why (rule
+  ``timing.wall-clock``). On the CPU backend the job's CPU time plays the trusted clock.
+* **Checksums.** Every timed call's output is summed outside the timed region
+  (:class:`.rotation.Checksums`: sum of squares, a randomly weighted sum, and where the
+  reference holds NaN or Inf a fingerprint of their positions); for :data:`CHECKED_CALLS`
+  calls picked here after the loop, the reference is run on the same inputs
+  (:class:`.rotation.Rotation`) and the reported numbers must agree within the tolerance
+  (rule ``timing.checksum``): skipped, cached, stale or partly computed calls fail.
 * **Spot check.** The outputs of the last timed call of every input set come back and are
   compared with the reference like any verification output.
+
+Refusals are for what shows a wrong or skipped result (checksums, spot check) and for
+reports no loop can have made; a clock that disagrees only changes the time.
 
 Profilers without the two halves (third-party ones) are timed whole; their reported time
 is bounded by ``W`` from above only, and the metadata says so.
@@ -60,18 +67,21 @@ def quick(profiler: Any) -> Any:
     return type(profiler)(replace(o, **change)) if change else profiler
 
 
-def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls: int = NULL_CALLS) -> dict:
+def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls: int = NULL_CALLS,
+                     get_inputs: Any = None, full: bool = False) -> dict:
     """The cost of a timed loop's untimed work, on this side: the profiler's loop over a call
     that returns a ready output (on the CPU a fresh one per call, whose release after the call
-    costs what releasing a kernel's output does), with the same input rotation over the timed
-    loop's input ``sets`` and the same checksums, run for a few calls and for ``calls`` calls.
-    Returns ``{"fixed": ms per loop, "plain": ms per call, "sync_each": ms per call, "cpu": CPU
-    ms per call}`` (``sync_each`` for loops that synchronise every call)."""
+    costs what releasing a kernel's output does), with the same making of inputs over the
+    timed loop's input ``sets`` (:class:`.rotation.Rotation`, made for each loop as the
+    candidate process makes it) and the same checksums (``full``: with the non-finite
+    fingerprint), run for a few calls and for ``calls`` calls. Returns ``{"fixed": ms per
+    loop, "plain": ms per call, "sync_each": ms per call, "cpu": CPU ms per call, "cpu_fixed":
+    CPU ms per loop}`` (``sync_each`` for loops that synchronise every call)."""
     import torch
 
     work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in p] for p in sets]
     k = len(sets)
-    slot = torch.zeros((), dtype=torch.float64, device=device)
+    longest = max((t.numel() for t in rotation._tensors(ref_out)), default=1)
 
     if torch.device(device).type == "cpu":
         from torch.utils._pytree import tree_map
@@ -83,20 +93,31 @@ def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls
         def null(*_args: Any) -> Any:
             return ref_out
 
-    def prepare(j: int, _args: Any) -> None:  # over as many sets as the timed loop: the same memory
-        rotation.apply(sets[j % k], work[j % k], rotation.factor(1, j, k))
-
-    def after(_j: int, out: Any) -> None:
-        rotation.checksum_into(out, slot)
-
     cpu: list[float] = []
+    cpu_fixed: list[float] = []
 
     def unaccounted(prof: Any, run: Any, n: int) -> float:
         c0, t0 = time.thread_time(), _now_ms()
+        seed = secrets.randbits(62)  # made per loop, as in the candidate process
+        rot = rotation.Rotation(seed, sets, get_inputs, device)
+        rot.prepare()
+        checks = rotation.Checksums(rotation.derived(seed, 5), device, full)
+        checks.prepare(longest)
+        slots = checks.slots(n)
+
+        def prepare(j: int, _args: Any) -> None:  # over as many sets as the timed loop: the same memory
+            rot.fill(j, work[j % k])
+
+        def after(j: int, out: Any) -> None:
+            checks.into(out, slots[j])
+
+        c1, t1 = time.thread_time(), _now_ms()
         samples, _ = prof.loop(run, n, prepare, after)
-        wall = _now_ms() - t0
-        cpu.append(max(0.0, (time.thread_time() - c0) * 1e3 - sum(samples)) / n)
-        return max(0.0, wall - sum(samples))
+        slots.reshape(-1).tolist()  # read back, as the candidate process sends them
+        wall = _now_ms() - t1
+        cpu.append(max(0.0, (time.thread_time() - c1) * 1e3 - sum(samples)) / n)
+        cpu_fixed.append((c1 - c0) * 1e3)
+        return max(0.0, wall - sum(samples)) + (t1 - t0)
 
     prof = quick(profiler)
     run = prof.begin(null, work, device)
@@ -114,6 +135,7 @@ def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls
         if mode == "plain":
             out["fixed"] = max(0.0, short - few * out[mode])
             out["cpu"] = min(cpu)  # CPU time per call of the untimed work, this thread's
+            out["cpu_fixed"] = min(cpu_fixed)
     return out
 
 
@@ -121,7 +143,8 @@ def wall_check(samples: list[float], wall_ms: float, per_call_ms: float, fixed_m
                hidden: bool = True) -> tuple[str, dict]:
     """"" when reported ``samples`` fit the trusted wall clock ``wall_ms``, else why not:
     ``per_call_ms`` and ``fixed_ms`` are the loop's own untimed work per call and per loop;
-    ``hidden``: also refuse wall time the samples and that work do not account for."""
+    ``hidden``: also flag wall time the samples and that work do not account for (the
+    candidate is then timed by the trusted clock: ``info["unaccounted_ms"]`` is charged)."""
     total = sum(samples)
     n = len(samples)
     own = n * per_call_ms + fixed_ms
@@ -129,12 +152,14 @@ def wall_check(samples: list[float], wall_ms: float, per_call_ms: float, fixed_m
     info = {"wall_ms": round(wall_ms, 3), "reported_ms": round(total, 3), "overhead_ms": round(own, 3),
             "unaccounted_ms": round(unaccounted, 3)}
     if total > wall_ms + 1.0:
+        info["impossible"] = True
         return (f"the candidate process reported {total:.3f} ms of timed calls in a loop that took {wall_ms:.3f} ms "
                 f"(rule {RULE_WALL}: reported times must fit the trusted wall clock)"), info
     if hidden and unaccounted > WALL_SLACK_RATIO * (total + own) + WALL_SLACK_MS:
         return (f"the timed loop took {wall_ms:.3f} ms on the trusted clock, but its {n} calls reported "
                 f"{total:.3f} ms and the loop's own work accounts for {own:.3f} ms: "
-                f"{unaccounted:.3f} ms are unaccounted for (rule {RULE_WALL}: time spent in a call must be "
+                f"{unaccounted:.3f} ms are unaccounted for, charged to the calls "
+                f"(+{unaccounted / max(1, n):.4g} ms each) (rule {RULE_WALL}: time spent in a call must be "
                 f"measured; do not leave work running outside the timed calls)"), info
     return "", info
 
@@ -144,15 +169,20 @@ def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: i
     accounting) is covered by the reported calls, else why not. On the CPU backend a call's
     wall time is at least its CPU time per thread, however busy the host is, so the reported
     samples bound the work: a process that spent its CPU time on calls it reported as shorter
-    is caught without trusting any clock of its own. ``own_cpu_ms``: the loop's own work."""
+    is caught without trusting any clock of its own, and timed by that CPU time over its
+    threads (``info["unaccounted_ms"]`` is charged). ``own_cpu_ms``: the loop's own work."""
     total = sum(samples)
     calls_cpu = cpu_ms - own_cpu_ms
-    budget = CPU_SLACK_RATIO * max(1, threads) * total + CPU_SLACK_MS + 10.0 * processes
+    threads = max(1, threads)
+    budget = CPU_SLACK_RATIO * threads * total + CPU_SLACK_MS + 10.0 * processes
     info = {"cpu_ms": round(cpu_ms, 3), "reported_ms": round(total, 3), "overhead_cpu_ms": round(own_cpu_ms, 3),
             "threads": threads}
     if calls_cpu > budget:
+        charge = max(0.0, calls_cpu / threads - total)
+        info["unaccounted_ms"] = round(charge, 3)
         return (f"the job's processes spent {calls_cpu:.1f} ms of CPU time on {len(samples)} timed calls that "
-                f"reported {total:.1f} ms with {max(1, threads)} thread(s) (rule {RULE_WALL}: a call's time must be "
+                f"reported {total:.1f} ms with {threads} thread(s): timed by that CPU time over {threads} "
+                f"thread(s) (+{charge / max(1, len(samples)):.4g} ms a call) (rule {RULE_WALL}: a call's time must be "
                 f"measured; on the CPU backend calls run with at most cpu_threads threads)"), info
     return "", info
 
@@ -172,7 +202,9 @@ class CandidateTimer:
         self.overhead: dict[str, float] = {}
         self.set_seeds: list[int] = []
         self._pristine: dict[int, list] = {}
+        self._rotations: dict[int, Any] = {}
         self.threads: int | None = None
+        self.full = False  # checksums with the non-finite fingerprint (the reference is not finite)
 
     # -- the trusted side's own copies ---------------------------------------------------
 
@@ -183,9 +215,17 @@ class CandidateTimer:
             self._pristine[s] = draw_inputs(self.get_inputs, self.set_seeds[s], self.device).values
         return self._pristine[s]
 
+    def rotation(self, seed: int) -> Any:
+        """The inputs of the loop of ``seed`` (the two latest kept: their factor buffers)."""
+        if seed not in self._rotations:
+            while len(self._rotations) >= 2:
+                self._rotations.pop(next(iter(self._rotations)))
+            sets = [self.pristine(s) for s in range(len(self.set_seeds))]
+            self._rotations[seed] = rotation.Rotation(seed, sets, self.get_inputs, self.device)
+        return self._rotations[seed]
+
     def reference_at(self, seed: int, j: int) -> Any:
-        k = len(self.set_seeds)
-        x = rotation.inputs_at(self.pristine(j % k), rotation.factor(seed, j, k))
+        x = self.rotation(seed).inputs(j)
         out = self.ref_model(*x)
         from .watchdog import synchronize
 
@@ -205,11 +245,16 @@ class CandidateTimer:
             return
         from ..isolation import hostlock
 
+        from .draws import all_finite
+
         self._profiler = profiler
         ref_out = self.reference_at(0, 0)
+        if keep is None and not all_finite(ref_out):
+            self.full = True  # NaN/Inf in the reference: checksums compare where they are
         with hostlock.timing():
             sets = [self.pristine(s) for s in range(len(self.set_seeds))]
-            new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS))
+            new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS), self.get_inputs,
+                                   self.full)
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
         self.overhead = new
@@ -261,6 +306,7 @@ class CandidateTimer:
         if self._profiler is not None:  # again, now that the loop's length is known
             self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
         best: Timing | None = None
+        best_charge: dict | None = None
         made = 0
         loops: list[dict] = []
         suspect = 0
@@ -269,7 +315,7 @@ class CandidateTimer:
             with hostlock.timing():
                 c0 = self._job_cpu()
                 t0 = _now_ms()
-                reply = self.s._request({"op": "loop", "n": n, "seed": seed}, self.timeout)
+                reply = self.s._request({"op": "loop", "n": n, "seed": seed, "full": self.full}, self.timeout)
                 wall = _now_ms() - t0
                 c1 = self._job_cpu()
             if not reply.get("ok"):
@@ -286,22 +332,35 @@ class CandidateTimer:
             wall_info["calls"] = n
             loops.append(wall_info)
             self.meta["timing_loops"] = loops
+            if why and wall_info.get("impossible"):
+                return None, Refusal(FailureCategory.FORBIDDEN_OP, why)
             if why:
                 suspect += 1
-                if suspect >= 2:  # twice in a row: not a passing disturbance
-                    return None, Refusal(FailureCategory.FORBIDDEN_OP, why)
-                continue
-            suspect = 0
-            made += 1
+                if suspect < 2:  # once: perhaps a passing disturbance of the host, timed again
+                    continue
+            else:
+                suspect = 0
+            was_full = self.full
             bad = self._check_sums(seed, sums, n)
             if bad is not None:
                 return None, bad
+            if self.full and not was_full:
+                continue  # a timed call's reference is not finite: timed again, its NaN/Inf compared
+            made += 1
+            charge = None
+            if why:  # timed by the trusted clock: the time it does not see reported is the calls'
+                extra = max(0.0, float(wall_info.get("unaccounted_ms", 0.0))) / n
+                samples = [x + extra for x in samples]
+                wall_info["charged_ms_per_call"] = round(extra, 6)
+                charge = {"rule": RULE_WALL, "why": why, "charged_ms_per_call": round(extra, 6), "calls": n}
             t = prof.finish(samples, method, warmup_ms, info)
             if best is None or t.spread < best.spread:
-                best = t
+                best, best_charge = t, charge
             self._last_seed, self._last_n = seed, n
             if max_spread <= 0 or best.spread <= max_spread:
                 break
+        if best_charge is not None:
+            self.meta["timing_charged"] = best_charge
         assert best is not None
         best.attempts = made
         return best, None
@@ -323,17 +382,19 @@ class CandidateTimer:
     def _clock_check(self, samples: list[float], info: dict, wall: float, c0: tuple, c1: tuple,
                      n: int) -> tuple[str, dict]:
         """The trusted clocks against the reported times: on the CPU backend the job's CPU time
-        (immune to a busy host); on a GPU the wall clock. Reported times longer than the loop
-        took are refused on both."""
+        (immune to a busy host); on a GPU the wall clock. "" when they agree, else why not, with
+        the time the reports leave out in ``info["unaccounted_ms"]`` (charged to the calls);
+        ``info["impossible"]``: reported times longer than the loop took (on both)."""
         why, out = wall_check(samples, wall, 0.0, 0.0, hidden=False) if self._on_cpu else \
             wall_check(samples, wall, self.overhead.get("sync_each" if info.get("sync_each") else "plain", 0.0),
                        self.overhead.get("fixed", 0.0))
+        if self._on_cpu:
+            out.pop("unaccounted_ms", None)
         if self._on_cpu and not why:
             threads = int(self.threads or 1)
-            own = n * self.overhead.get("cpu", 0.0)
+            own = n * self.overhead.get("cpu", 0.0) + self.overhead.get("cpu_fixed", 0.0)
             why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]))
             out.update(cpu_info)
-            out.pop("unaccounted_ms", None)
         return why, out
 
     def _read_loop(self, reply: dict, n: int) -> tuple[list | None, list | None, dict]:
@@ -341,38 +402,45 @@ class CandidateTimer:
 
         try:
             samples = floats(reply, "samples", n)
-            sums = floats(reply, "checksums", n) if _all_finite_list(reply.get("checksums")) else \
-                [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
-                 for x in (reply.get("checksums") or [])]
+            raw = reply.get("checksums")
+            if not isinstance(raw, list) or len(raw) != n * rotation.WIDTH:
+                return None, None, {}
+            flat = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan") for x in raw]
         except WireError:
             return None, None, {}
-        if len(sums) != n or any(x < 0 for x in samples):
+        if any(x < 0 for x in samples):
             return None, None, {}
+        sums = [flat[i * rotation.WIDTH:(i + 1) * rotation.WIDTH] for i in range(n)]
         info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
         info = {"sync_each": bool(info.get("sync_each")),
                 "escaped": int(info.get("escaped", 0)) if isinstance(info.get("escaped", 0), int) else 0}
         return samples, sums, info
 
-    def _check_sums(self, seed: int, sums: list[float], n: int) -> Refusal | None:
-        import math
-
+    def _check_sums(self, seed: int, sums: list[list[float]], n: int) -> Refusal | None:
+        """The statistics of :data:`CHECKED_CALLS` timed calls picked now against the
+        reference's on the same inputs. A checked call whose reference is not finite while the
+        loop summed without the non-finite fingerprint sets ``full`` (and nothing is listed
+        as checked: the loop is timed again)."""
         picks = sorted({secrets.randbelow(n) for _ in range(min(CHECKED_CALLS, n))})
+        checks = rotation.Checksums(rotation.derived(seed, 5), self.device, full=self.full)
         checked = []
         for j in picks:
             ref = self.reference_at(seed, j)
-            want, slack = rotation.checksum_bounds(ref, self.atol, self.rtol)
+            want = checks.expected(ref, self.atol, self.rtol)
             del ref
-            got = sums[j]
-            checked.append(j)
-            if not math.isfinite(want):
-                continue  # a reference that overflows says nothing about the candidate's sum
-            if not math.isfinite(got) or abs(got - want) > slack:
+            if not want["finite"] and not self.full:
+                self.full = True
+                return None
+            why = checks.mismatch(sums[j], want)
+            if why:
                 return Refusal(FailureCategory.WRONG_RESULT,
-                               f"timed call {j} of {n} (input set {j % len(self.set_seeds)}): the sum of squares of its output is {got:.6g}, the reference's "
-                               f"is {want:.6g} (at most {slack:.3g} apart within atol/rtol) (rule {RULE_CHECKSUM}: "
-                               f"every timed call must compute the output for its own inputs; results cached or "
-                               f"skipped between calls fail)")
+                               f"timed call {j} of {n} (input set {j % len(self.set_seeds)}): {why} "
+                               f"(rule {RULE_CHECKSUM}: every timed call must compute the output for its own "
+                               f"inputs; results cached, stale, skipped or computed in part between calls fail)")
+            checked.append(j)
         self.meta.setdefault("checksums_checked", []).extend(checked)
+        self.meta["checksum_statistics"] = ["sum of squares", "weighted sum"] + \
+            (["non-finite positions and count"] if self.full else [])
         return None
 
     def spot_check(self, compare: Any) -> Refusal | None:
@@ -431,9 +499,3 @@ class CandidateTimer:
         extra = {"cuda_context_broken": True} if err.get("cuda") else {}
         return Refusal(FailureCategory.CRASH, f"{what}: {msg}", extra)
 
-
-def _all_finite_list(v: Any) -> bool:
-    import math
-
-    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                       for x in v)

@@ -36,15 +36,17 @@ class WallclockProfiler(TwoPhaseProfiler):
         k = len(calls)
         i = 0
         t_start = mod.host_ms()
-        last = 0.0
+        times: list[float] = []
         while i < o.warmup_iters or mod.host_ms() - t_start < o.warmup_ms:
             off = i % k
-            last = mod.run_loop(calls[off:] + calls[:off], 1)[1][0]
+            times.append(mod.run_loop(calls[off:] + calls[:off], 1)[1][0])
             i += 1
             if i >= 10 * max(o.warmup_iters, 1) and mod.host_ms() - t_start >= o.warmup_ms / 4:
                 break
-        return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=last, warmup_ms=mod.host_ms() - t_start,
-                         method=self.name)
+        # the median of the latest calls: one call descheduled on a busy host is not the estimate
+        recent = sorted(times[-5:])
+        return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=recent[len(recent) // 2],
+                         warmup_ms=mod.host_ms() - t_start, method=self.name)
 
     def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
              after: After | None = None) -> tuple[list[float], dict]:
