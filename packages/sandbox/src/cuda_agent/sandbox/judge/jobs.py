@@ -437,6 +437,9 @@ def _summary(r: ProfileResult) -> str:
         parts.append(f"eager {r.eager.median_ms:.4g} ms ({r.speedup_vs_eager():.2f}x)")
     if r.compile:
         parts.append(f"torch.compile {r.compile.median_ms:.4g} ms ({r.speedup_vs_compile():.2f}x)")
+    charged = (r.metadata or {}).get("timing_charged")
+    if isinstance(charged, dict):
+        parts[0] += f" (timed by the trusted clock: {charged['why']})"
     if (r.metadata or {}).get("unsteady"):
         return ", ".join(parts) + f"; {r.metadata['unsteady']}"
     return ", ".join(parts)
