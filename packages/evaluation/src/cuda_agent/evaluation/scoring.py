@@ -22,7 +22,7 @@ from cuda_agent.core.types import FailureCategory, Task, Trajectory
 
 from .metrics import TaskResult, best_result, infra_error_result, result_from_outcome
 from .samples import SampleResult, sample_from_result
-from .solutions import KERNELBENCH, Solution, install_solution
+from .solutions import KERNELBENCH, Solution, install_solution, refused_outcome
 
 # --- task selection ------------------------------------------------------------------
 
@@ -154,6 +154,12 @@ class SolutionScorer:
     def score_solution(self, task: Task, sol: Solution, index: int = 0) -> TaskResult:
         t0 = time.perf_counter()
         dest = Path(self.o.work_dir) / _safe(task.id) / (_safe(sol.sample) if sol.sample else f"s{index}")
+        if sol.refused:  # links and the like: nothing of it is built, read or run
+            outcome = refused_outcome(sol.refused)
+            r = result_from_outcome(task.id, outcome, level=task.level, name=task.name, source=str(sol.path))
+            r.metadata["form"] = sol.form
+            r.seconds = time.perf_counter() - t0
+            return r
         root = make_workspace(task, dest, self.o.backend, _compiler_name(self.o.compiler))
         install_solution(sol, root)
         try:

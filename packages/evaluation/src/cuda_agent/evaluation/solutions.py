@@ -17,17 +17,27 @@ A solutions folder maps solutions to tasks by name. Accepted layouts (mixable)::
 
 ``<task>`` is a task id (``/`` may be written ``__``), a task name, or a KernelBench
 file name such as ``19_ReLU`` (matched by level and problem number).
+
+Solutions are attacker input (an RL policy's, or anyone's), read by a process with more
+rights than their author. So every entry below the folder given is reached through
+:class:`cuda_agent.core.safefs.Tree`: no link is followed, and only regular files with one
+name are read. A solution holding a symbolic link, a hard link, a FIFO or a device where a
+source or ``model_new.py`` belongs is refused (rule :data:`RULE_FILES`, listed in
+:attr:`Solution.refused`): it is scored as not built, and nothing of it is read or run.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
 from cuda_agent.core.errors import CudaAgentError
-from cuda_agent.core.types import Task
+from cuda_agent.core.safefs import Tree, UnsafePath, file_refusal
+from cuda_agent.core.types import CandidateOutcome, CompileResult, FailureCategory, Task, VerifyResult
 
 WORKSPACE = "workspace"
 KERNELBENCH = "kernelbench"
@@ -39,6 +49,7 @@ _LEVEL_DIR = re.compile(r"^level[_-]?(\d+)$", re.I)
 _LEVEL_IN = re.compile(r"(?:^|[/_\-])(?:level|l)[_-]?(\d+)(?=[/_\-]|$)", re.I)
 _LEAD_NUM = re.compile(r"^(\d+)(?:_|$)")
 _MAX_FILE = 2_000_000
+RULE_FILES = "judge.files"
 
 
 class SolutionError(CudaAgentError):
@@ -55,19 +66,63 @@ class Solution:
     files: dict[str, str] = field(default_factory=dict)  # relative path -> text
     level: int | None = None  # from the layout, when it says
     sample: str = ""
+    refused: list[str] = field(default_factory=list)  # why it is not built or run (links and the like)
 
     @property
     def label(self) -> str:
         return f"{self.key}#{self.sample}" if self.sample else self.key
 
 
-def _read(path: Path) -> str:
-    if path.stat().st_size > _MAX_FILE:
-        raise SolutionError(f"{path}: file too large for a solution ({path.stat().st_size} bytes)")
+def refusal(shown: str, why: str) -> str:
+    """The refusal of a solution's entry that is not a plain file of its folder."""
+    why = why.rstrip(". ")
+    return (f"{why} (rule {RULE_FILES}: the judged files must be regular files of the solution's folder); "
+            f"replace {shown} with the file itself{' (or the folder)' if '.' not in shown.rsplit('/', 1)[-1] else ''}")
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p and p != ".") or "."
+
+
+def _why(tree: Tree, rel: str, st: os.stat_result) -> str | None:
+    """Why ``rel`` (status ``st``) is not read as a file (named, with a link's target), or None."""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = tree.readlink(rel)
+        except (OSError, UnsafePath):
+            target = "?"
+        return refusal(rel, str(tree.link_error(rel, target)))
+    why = file_refusal(st, rel)
+    return None if why is None else refusal(rel, str(why))
+
+
+def _read(tree: Tree, rel: str) -> str:
+    """The text of the regular file ``rel`` (never through a link); SolutionError otherwise."""
+    where = tree.root / rel
     try:
-        return path.read_text(encoding="utf-8")
+        data = tree.read_bytes(rel, _MAX_FILE + 1)
+    except UnsafePath as exc:
+        raise SolutionError(refusal(rel, f"{where}: {exc}")) from None
+    except OSError as exc:
+        raise SolutionError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > _MAX_FILE:
+        raise SolutionError(f"{where}: file too large for a solution (more than {_MAX_FILE} bytes)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SolutionError(f"{path}: not UTF-8 text") from exc
+        raise SolutionError(f"{where}: not UTF-8 text") from exc
+
+
+def _entries(tree: Tree, rel: str) -> list[tuple[str, os.stat_result]]:
+    """The entries of the folder ``rel`` of ``tree``, sorted, with their own status (links as links)."""
+    out = []
+    with tree.folder(tree.parts(rel) if rel != "." else []) as fd:
+        for name in sorted(os.listdir(fd)):
+            try:
+                out.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+            except OSError:
+                continue
+    return out
 
 
 def defines_model_new(text: str) -> bool:
@@ -80,42 +135,89 @@ def load_workspace_solution(folder: Path, key: str, level: int | None = None, sa
     A lone ``model_new.py`` with no ``kernels/`` that does not use the workspace runtime
     loader is a single-file (KernelBench-form) solution.
     """
-    folder = Path(folder)
-    main = folder / "model_new.py"
-    if not main.is_file():
+    return _load_workspace(Tree(folder, "the solution folder"), ".", key, level, sample)
+
+
+def _load_workspace(tree: Tree, rel: str, key: str, level: int | None = None, sample: str = "") -> Solution:
+    folder = tree.root / rel if rel != "." else tree.root
+    files: dict[str, str] = {}
+    refused: list[str] = []
+    main = _join(rel, "model_new.py")
+    try:
+        st = tree.lstat(main)
+        kst = tree.lstat(_join(rel, "kernels"))
+    except UnsafePath as exc:
+        return Solution(key, WORKSPACE, folder, {}, level, sample, refused=[refusal(main, str(exc))])
+    if st is None:
         raise SolutionError(f"{folder}: no model_new.py")
-    files = {"model_new.py": _read(main)}
-    kdir = folder / "kernels"
-    if kdir.is_dir():
-        for p in sorted(kdir.rglob("*")):
-            if p.is_file() and p.suffix in _KERNEL_SUFFIXES:
-                files[p.relative_to(folder).as_posix()] = _read(p)
-    uses_runtime = "cuda_agent_runtime" in files["model_new.py"]
-    form = WORKSPACE if (len(files) > 1 or uses_runtime) else KERNELBENCH
-    if not defines_model_new(files["model_new.py"]):
-        # still a candidate: verification will say it has no ModelNew
-        pass
-    return Solution(key=key, form=form, path=folder, files=files, level=level, sample=sample)
+    why = _why(tree, main, st)
+    if why:
+        refused.append(why)
+    else:
+        files["model_new.py"] = _read(tree, main)
+    kdir = _join(rel, "kernels")
+    if kst is not None and stat.S_ISLNK(kst.st_mode):
+        refused.append(_why(tree, kdir, kst) or kdir)
+    elif kst is not None and stat.S_ISDIR(kst.st_mode):
+        try:
+            kentries = list(tree.walk(kdir))
+        except UnsafePath as exc:
+            kentries = []
+            refused.append(refusal(kdir, str(exc)))
+        for krel, est in kentries:
+            if stat.S_ISDIR(est.st_mode):
+                continue
+            name = str(PurePosixPath(krel).relative_to(rel)) if rel != "." else krel
+            why = _why(tree, krel, est)
+            if why:
+                refused.append(why)
+            elif PurePosixPath(krel).suffix in _KERNEL_SUFFIXES:
+                files[name] = _read(tree, krel)
+    uses_runtime = "cuda_agent_runtime" in files.get("model_new.py", "")
+    has_kernels = any(k != "model_new.py" for k in files)
+    form = WORKSPACE if (has_kernels or uses_runtime or (refused and kst is not None)) else KERNELBENCH
+    return Solution(key=key, form=form, path=folder, files=files, level=level, sample=sample, refused=refused)
 
 
 def load_single_file(path: Path, key: str, level: int | None = None, sample: str = "") -> Solution:
-    text = _read(Path(path))
-    return Solution(key=key, form=KERNELBENCH, path=Path(path), files={"model_new.py": text}, level=level, sample=sample)
+    path = Path(path)
+    tree = Tree(path.parent, "the solutions folder")
+    return _single(tree, path.name, key, level, sample, check=False) or Solution(
+        key, KERNELBENCH, path, {}, level, sample)
 
 
-def _is_workspace_dir(p: Path) -> bool:
-    return (p / "model_new.py").is_file()
+def _single(tree: Tree, rel: str, key: str, level: int | None, sample: str = "", check: bool = True,
+            st: os.stat_result | None = None) -> Solution | None:
+    """The single-file solution ``rel`` (refused when it is not a plain file); with ``check``,
+    None when it defines no ``ModelNew``."""
+    path = tree.root / rel
+    st = st if st is not None else tree.lstat(rel)
+    why = _why(tree, rel, st) if st is not None else None
+    if why:
+        return Solution(key, KERNELBENCH, path, {}, level, sample, refused=[why])
+    text = _read(tree, rel)
+    if check and not defines_model_new(text):
+        return None
+    return Solution(key=key, form=KERNELBENCH, path=path, files={"model_new.py": text}, level=level, sample=sample)
+
+
+def _is_workspace_dir(tree: Tree, rel: str) -> bool:
+    """Whether the folder ``rel`` holds a ``model_new.py`` entry (a link there counts, to be refused)."""
+    try:
+        return tree.lstat(_join(rel, "model_new.py")) is not None
+    except UnsafePath:
+        return True
 
 
 def load_solutions(root: str | Path) -> list[Solution]:
     """Every solution found under ``root`` (see the module doc for layouts)."""
     root = Path(root)
-    if not root.exists():
+    if not root.exists() and not root.is_symlink():
         raise SolutionError(f"solutions folder not found: {root}")
-    if root.is_file():
+    if not root.is_dir() or root.is_symlink():
         return [load_single_file(root, root.stem)]
     out: list[Solution] = []
-    _scan(root, out, level=None)
+    _scan(Tree(root, "the solutions folder"), ".", out, level=None)
     if not out:
         raise SolutionError(
             f"no solutions under {root}: expected <task>/model_new.py folders or <task>.py files defining ModelNew"
@@ -123,44 +225,58 @@ def load_solutions(root: str | Path) -> list[Solution]:
     return out
 
 
-def _scan(folder: Path, out: list[Solution], level: int | None) -> None:
-    if _is_workspace_dir(folder):
+def _scan(tree: Tree, rel: str, out: list[Solution], level: int | None) -> None:
+    if _is_workspace_dir(tree, rel):
         # the root itself is one solution's workspace
-        out.append(load_workspace_solution(folder, folder.name, level))
+        name = tree.root.name if rel == "." else PurePosixPath(rel).name
+        out.append(_load_workspace(tree, rel, name, level))
         return
-    for p in sorted(folder.iterdir()):
-        if p.name.startswith(".") or p.name == "__pycache__":
+    for name, st in _entries(tree, rel):
+        if name.startswith(".") or name == "__pycache__":
             continue
-        if p.is_dir():
-            m = _LEVEL_DIR.match(p.name)
+        here = _join(rel, name)
+        if stat.S_ISLNK(st.st_mode):  # a folder or a file: refused either way, never entered or read
+            key = name[:-3] if name.endswith(".py") else name
+            form = KERNELBENCH if name.endswith(".py") else WORKSPACE
+            out.append(Solution(key, form, tree.root / here, {}, level, refused=[_why(tree, here, st) or here]))
+        elif stat.S_ISDIR(st.st_mode):
+            m = _LEVEL_DIR.match(name)
             if m:
-                _scan(p, out, int(m.group(1)))
-            elif _is_workspace_dir(p):
-                out.append(load_workspace_solution(p, p.name, level))
+                _scan(tree, here, out, int(m.group(1)))
+            elif _is_workspace_dir(tree, here):
+                out.append(_load_workspace(tree, here, name, level))
             else:
-                _scan_task_dir(p, out, level)
-        elif p.suffix == ".py":
-            m = _KB_RUN_NAME.search(p.stem)
+                _scan_task_dir(tree, here, out, level)
+        elif name.endswith(".py"):
+            stem = name[:-3]
+            m = _KB_RUN_NAME.search(stem)
             if m:
                 key = f"level{m.group(1)}/{m.group(2)}"
-                out.append(load_single_file(p, key, int(m.group(1)), sample=m.group(3) or ""))
+                sol = _single(tree, here, key, int(m.group(1)), sample=m.group(3) or "", check=False, st=st)
             else:
-                text = _read(p)
-                if defines_model_new(text):
-                    out.append(Solution(p.stem, KERNELBENCH, p, {"model_new.py": text}, level))
+                sol = _single(tree, here, stem, level, st=st)
+            if sol is not None:
+                out.append(sol)
 
 
-def _scan_task_dir(folder: Path, out: list[Solution], level: int | None) -> None:
+def _scan_task_dir(tree: Tree, rel: str, out: list[Solution], level: int | None) -> None:
     """A folder named after a task holding several samples."""
-    for p in sorted(folder.iterdir()):
-        if p.name.startswith("."):
+    task = PurePosixPath(rel).name
+    for name, st in _entries(tree, rel):
+        if name.startswith("."):
             continue
-        if p.is_dir() and _is_workspace_dir(p):
-            out.append(load_workspace_solution(p, folder.name, level, sample=p.name))
-        elif p.is_file() and p.suffix == ".py":
-            text = _read(p)
-            if defines_model_new(text):
-                out.append(Solution(folder.name, KERNELBENCH, p, {"model_new.py": text}, level, sample=p.stem))
+        here = _join(rel, name)
+        if stat.S_ISLNK(st.st_mode):
+            form = KERNELBENCH if name.endswith(".py") else WORKSPACE
+            sample = name[:-3] if name.endswith(".py") else name
+            out.append(Solution(task, form, tree.root / here, {}, level, sample=sample,
+                                refused=[_why(tree, here, st) or here]))
+        elif stat.S_ISDIR(st.st_mode) and _is_workspace_dir(tree, here):
+            out.append(_load_workspace(tree, here, task, level, sample=name))
+        elif name.endswith(".py") and not stat.S_ISDIR(st.st_mode):
+            sol = _single(tree, here, task, level, sample=name[:-3], st=st)
+            if sol is not None:
+                out.append(sol)
 
 
 # --- matching solutions to tasks -----------------------------------------------------
@@ -258,23 +374,33 @@ def install_solution(sol: Solution, workspace: str | Path) -> list[str]:
     """Write the solution's files into a workspace; returns the paths written.
 
     Existing ``kernels/`` sources of the template are removed first so that only the
-    solution's kernels get built.
-    """
-    ws = Path(workspace)
-    kdir = ws / "kernels"
-    if sol.form == WORKSPACE and kdir.is_dir():
-        for p in kdir.rglob("*"):
-            if p.is_file() and p.suffix in _KERNEL_SUFFIXES:
-                p.unlink()
+    solution's kernels get built. Nothing is written through a link."""
+    tree = Tree(workspace)
+    if sol.form == WORKSPACE:
+        try:
+            entries = list(tree.walk("kernels"))
+        except UnsafePath:
+            entries = []
+        for rel, st in entries:
+            if not stat.S_ISDIR(st.st_mode) and PurePosixPath(rel).suffix in _KERNEL_SUFFIXES:
+                tree.unlink(rel)
     written = []
     for rel, text in sol.files.items():
-        dest = ws / rel
-        if ".." in Path(rel).parts:
+        if ".." in PurePosixPath(rel).parts or rel.startswith("/"):
             raise SolutionError(f"{sol.path}: path escapes the workspace: {rel}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
+        try:
+            tree.write_text(rel, text, make_dirs=True)
+        except UnsafePath as exc:
+            raise SolutionError(f"{sol.path}: cannot install {rel}: {exc}") from None
         written.append(rel)
     return written
+
+
+def refused_outcome(refused: list[str]):
+    """The outcome of a refused solution: not built, verification failed saying why."""
+    c = CompileResult(ok=False, errors=list(refused[:8]))
+    return CandidateOutcome(compile=c, verify=VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR,
+                                                           message=f"not built or run: {refused[0]}"))
 
 
 def solutions_from_texts(items: dict[str, str], form: str = KERNELBENCH) -> list[Solution]:
