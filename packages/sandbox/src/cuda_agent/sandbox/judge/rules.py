@@ -8,8 +8,8 @@ Profiles (``VerifyOptions.rules``, written in every result as ``rule_profile``):
 * ``kernelbench``: KernelBench's acceptance. Torch operators may run in ``forward`` around
   the custom kernels, and at least one custom kernel must run and matter: the custom
   kernels' outputs are poisoned once and the final output must change (rule
-  ``kernelbench.decoy``). The static checks that keep the reference, the harness and
-  fallbacks out stay on.
+  ``kernelbench.decoy``). The static checks that keep the reference, the harness,
+  fallbacks and Python run from C++ out stay on.
 * ``none``: no rules, for scoring plain PyTorch (the references).
 
 Every profile keeps what guards the measurement itself: the candidate in its own process,
@@ -34,7 +34,7 @@ from cuda_agent.core.errors import ConfigError
 
 PROFILES = ("cuda-agent", "kernelbench", "none")
 WEIGHTS = ("state_dict", "auto", "seeded")
-KERNELBENCH_CHECKS = ["no_reference_model", "no_fallback", "no_guard_tampering"]
+KERNELBENCH_CHECKS = ["no_reference_model", "no_fallback", "no_guard_tampering", "no_native_python"]
 RULE_DECOY = "kernelbench.decoy"
 RULE_CUSTOM = "kernelbench.custom-kernel"
 RULE_SEEDED = "weights.seeded"

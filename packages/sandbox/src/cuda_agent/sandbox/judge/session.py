@@ -65,6 +65,7 @@ class JudgeSession:
         self.loaded_seed: int | None = None  # the seed the candidate's weights come from
         self.load_reply: dict = {}
         self.weights: str | None = None  # how ModelNew got Model's weights (the candidate process's report)
+        self.native_findings: list[str] = []  # shared objects refused by their symbols (rule native.python-api)
         self.ipc = True
 
     # -- what the snapshot holds -------------------------------------------------------
@@ -80,9 +81,15 @@ class JudgeSession:
 
     def start(self) -> CandidateProcess:
         if self.proc is None:
+            from .checks import native_symbols
+
+            prebuilt = self._prebuilt()
+            self.native_findings = native_symbols.job_findings(self.snap.root, prebuilt and prebuilt["prebuilt"])
+            if self.native_findings:  # nothing of it reaches the candidate process
+                prebuilt = None
             self.proc = obtain(self.device)
             self.proc.wait_ready()
-            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled, prebuilt=self._prebuilt()))
+            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled, prebuilt=prebuilt))
             self.meta.update({f"job_{k}": v for k, v in self.proc.isolation.items()})
         return self.proc
 
@@ -116,6 +123,8 @@ class JudgeSession:
         if self.loaded:  # a job that verified first: the candidate's weights rebuilt for this seed
             return None if seed == self.loaded_seed else self.rebuild(seed, weights)
         proc = self.start()
+        if self.native_findings:  # judged here before the candidate process loads any of it
+            return Refusal(FailureCategory.FORBIDDEN_OP, self.native_findings[0], {"native": self.native_findings[:20]})
         reply = self._request({"op": "load", "workspace": str(self.snap.root), "reference": str(self.reference),
                                "candidate": str(self.candidate), "seed": int(seed),
                                "strict_state_dict": bool(strict_state_dict), "precision": precision,

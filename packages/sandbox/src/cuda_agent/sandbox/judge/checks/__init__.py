@@ -2,7 +2,9 @@
 
 Run before anything is imported: a violation fails verification with the category
 ``forbidden_op`` and a message naming the rule (``static.kernel-torch-op``,
-``static.reference-model``, ``static.fallback``, ``static.guard-tampering``).
+``static.reference-model``, ``static.fallback``, ``static.guard-tampering``,
+``native.python-api``). The built libraries themselves are judged by their dynamic symbols
+before the candidate process loads them (:mod:`.native_symbols`, rule ``native.python-api``).
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from typing import Any
 
 from .base import StaticCheck, strip_cxx
 from .kernel_sources import KernelTorchOpsCheck
+from .native_sources import NativePythonCheck
 from .python_rules import FallbackCheck, GuardTamperingCheck, ReferenceModelCheck
 
-BUILTIN_CHECKS = (KernelTorchOpsCheck, ReferenceModelCheck, FallbackCheck, GuardTamperingCheck)
+BUILTIN_CHECKS = (KernelTorchOpsCheck, ReferenceModelCheck, FallbackCheck, GuardTamperingCheck, NativePythonCheck)
 
 __all__ = [
     "BUILTIN_CHECKS",
     "FallbackCheck",
     "GuardTamperingCheck",
     "KernelTorchOpsCheck",
+    "NativePythonCheck",
     "ReferenceModelCheck",
     "StaticCheck",
     "run_static_checks",

@@ -10,16 +10,82 @@ the module may refer to any of them, and the rules look at all of them.
 
 ``OWN`` stands for something the candidate made itself (a function, a class, an argument, a
 value computed at run time).
+
+Qualified names are judged by the objects they name, not by the path written: an attribute
+chain through real modules is walked in this (trusted) process, so ``torch.nn.functional.torch._C``
+is ``torch._C`` and ``os.path`` is ``posixpath`` (:func:`canonical`). Only modules already imported
+here are walked (nothing the candidate names is imported for it); past a module that is not, a
+component that names a module this process knows (``cuda_agent_runtime.ctypes.pythonapi``) is
+taken as that module.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import sys
+import types
 from collections import defaultdict
 
 OWN = ""
 _BUILTINS = frozenset(dir(builtins))
+_MISSING = object()
+
+
+def _module_attr(mod: types.ModuleType, name: str):
+    """``mod.name`` when it is a module, read from the module's own namespace or the imported
+    submodules (never through a module ``__getattr__``, which could import more)."""
+    try:
+        got = vars(mod).get(name, _MISSING)
+    except TypeError:
+        return None
+    if got is _MISSING:
+        got = sys.modules.get(f"{getattr(mod, '__name__', '')}.{name}", _MISSING)
+    return got if isinstance(got, types.ModuleType) else None
+
+
+def _known_module_name(name: str) -> bool:
+    return name in sys.modules or name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ())
+
+
+def canonical(qualified: str) -> str:
+    """The qualified name of what ``qualified`` refers to, through the modules it passes
+    (see the module docstring); names past the last module stay as written."""
+    parts = qualified.split(".")
+    if not parts or not parts[0]:
+        return qualified
+    mod = sys.modules.get(parts[0])
+    prefix, i = [parts[0]], 1
+    if isinstance(mod, types.ModuleType):
+        prefix = (getattr(mod, "__name__", None) or parts[0]).split(".")
+        while i < len(parts):
+            nxt = _module_attr(mod, parts[i])
+            if nxt is None:
+                break
+            mod, prefix, i = nxt, (getattr(nxt, "__name__", None) or parts[i]).split("."), i + 1
+        if i < len(parts) and parts[i] not in vars(mod):  # past what this process can see
+            mod = None
+    if mod is None or not isinstance(mod, types.ModuleType):
+        # an unknown module's attribute named like a known module is taken to be that module
+        rest = parts[i:]
+        for j, part in enumerate(rest):
+            if _known_module_name(part):
+                return canonical(".".join(rest[j:]))
+    return ".".join(prefix + parts[i:])
+
+
+def is_module(qualified: str) -> bool | None:
+    """Whether ``qualified`` names a module (True/False), or None when this process cannot tell."""
+    parts = canonical(qualified).split(".")
+    mod = sys.modules.get(parts[0])
+    if not isinstance(mod, types.ModuleType):
+        return None
+    for part in parts[1:]:
+        nxt = _module_attr(mod, part)
+        if nxt is None:
+            return False if part in vars(mod) else None
+        mod = nxt
+    return True
 
 
 def dotted(node: ast.AST) -> str:
@@ -43,6 +109,7 @@ class Resolver:
         self.tree = tree
         self.bindings: dict[str, set[str]] = defaultdict(set)
         self.star_imports: list[str] = []
+        self.modules: set[str] = set()  # what ``import`` statements bind: modules for sure
         self._assigns: list[tuple[str, ast.AST]] = []
         self._collect()
         self._settle()
@@ -59,8 +126,10 @@ class Resolver:
             else:
                 self._assigns.append((target.id, value))
         elif isinstance(target, (ast.Tuple, ast.List)):
-            for elt in target.elts:
-                self._target(elt, None)
+            pairwise = (isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts)
+                        and not any(isinstance(e, ast.Starred) for e in (*value.elts, *target.elts)))
+            for k, elt in enumerate(target.elts):
+                self._target(elt, value.elts[k] if pairwise else None)
         elif isinstance(target, ast.Starred):
             self._target(target.value, None)
 
@@ -68,6 +137,7 @@ class Resolver:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
+                    self.modules.add(a.name)
                     if a.asname:
                         self.bindings[a.asname].add(a.name)
                     else:
@@ -86,7 +156,7 @@ class Resolver:
                 self._own(node.arg)
             elif isinstance(node, ast.Assign):
                 for t in node.targets:
-                    self._target(t, node.value if isinstance(t, ast.Name) else None)
+                    self._target(t, node.value if isinstance(t, (ast.Name, ast.Tuple, ast.List)) else None)
             elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
                 self._target(node.target, node.value if isinstance(node, ast.AnnAssign) else None)
             elif isinstance(node, ast.NamedExpr):
@@ -130,11 +200,23 @@ class Resolver:
             attr = literal_text(node.args[1])
             if attr is not None:
                 return {f"{q}.{attr}" if q else OWN for q in self.resolve(node.args[0])}
+        if isinstance(node, ast.IfExp):
+            return self.resolve(node.body) | self.resolve(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return set().union(*(self.resolve(v) for v in node.values))
+        if isinstance(node, ast.NamedExpr):
+            return self.resolve(node.value)
         return set()
 
     def qualified(self, node: ast.AST) -> set[str]:
-        """:meth:`resolve` without ``OWN``."""
-        return {q for q in self.resolve(node) if q}
+        """:meth:`resolve` without ``OWN``, each name as :func:`canonical` has it."""
+        return {canonical(q) for q in self.resolve(node) if q}
+
+    def names_module(self, qualified: str) -> bool:
+        """``qualified`` (a name :meth:`qualified` gave) is a module, or may be one: a module
+        object here, or bound by an ``import`` this process cannot walk."""
+        known = is_module(qualified)
+        return bool(known) or (known is None and any(canonical(m) == qualified for m in self.modules))
 
     def is_builtin(self, node: ast.AST, name: str) -> bool:
         return f"builtins.{name}" in self.resolve(node)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .base import PythonRule
 from .names import OWN, Resolver, dotted, literal_text
+from .receivers import Receivers
 
 REFERENCE_MODULES = frozenset({"model"})  # the task's model.py
 DYNAMIC_CODE = frozenset({"exec", "eval", "compile", "__import__", "execfile"})
@@ -163,7 +164,8 @@ INTERNAL_ATTRS = frozenset(
         "__builtins__", "__subclasses__", "__bases__", "__base__", "__mro__", "__getattribute__",
         "f_back", "f_locals", "f_globals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
         "ag_frame", "from_address", "__torch_function__", "__torch_dispatch__", "__self__", "__func__",
-        "__traceback__",
+        "__traceback__", "__reduce__", "__reduce_ex__", "__self_class__", "__thisclass__", "__objclass__",
+        "__loader__", "__spec__", "__annotations__", "__wrapped__",
     }
 )
 # operator namespaces of torch itself: registering kernels into them would change torch's own
@@ -171,8 +173,9 @@ INTERNAL_ATTRS = frozenset(
 LIBRARY_PROTECTED = frozenset({"aten", "prim", "prims", "_c10d_functional", "c10d", "quantized", "cuda_agent"})
 # methods that replace the run-time guard when a class defines them
 TAMPER_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
-# objects a candidate may set attributes on by a computed name: its own
-_SELF = ("self", "cls")
+# builtins that reach any attribute or name when they are handed on as values
+REACHING_BUILTINS = frozenset({"getattr", "setattr", "delattr", "vars", "globals", "locals", "__import__", "eval",
+                               "exec", "compile", "breakpoint"})
 
 
 class GuardTamperingCheck(PythonRule):
@@ -190,10 +193,15 @@ class GuardTamperingCheck(PythonRule):
     def findings(self, label: str, tree: ast.AST, names: Resolver) -> list[str]:
         allow = set(self.options.allow)
         out = []
+        try:  # names are walked through torch's real modules (the trusted process imports it anyway)
+            import torch  # noqa: F401
+        except ImportError:  # pragma: no cover - torch is always there where candidates are judged
+            pass
+        receivers = Receivers(tree, names)
 
         def hit(q: str) -> bool:  # builtins are judged one by one (TAMPER_ATTRS), not as a module
             root = q.split(".")[0]
-            return _hits(q, allow) or (root != "builtins" and root in TAMPER_MODULES - allow)
+            return _hits(q, allow) or (root != "builtins" and root in (TAMPER_MODULES | DYNAMIC_MODULES) - allow)
 
         for node in ast.walk(tree):
             where = f"{label}:{getattr(node, 'lineno', 0)}"
@@ -215,8 +223,15 @@ class GuardTamperingCheck(PythonRule):
                     out.append(self.violation(where, "uses __builtins__"))
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in TAMPER_METHODS - allow:
                 out.append(self.violation(where, f"defines {node.name}"))
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and isinstance(receivers.parents.get(node), ast.ClassDef):
+                out.append(self.violation(where, "imports inside a class body (the module becomes an attribute of the "
+                                                 "class, where the check cannot follow it); import at the top"))
+            if isinstance(node, (ast.Name, ast.Attribute, ast.Call)) and getattr(node, "ctx", ast.Load()).__class__ is ast.Load:
+                handed = self._handed_on(node, names, receivers, allow)
+                if handed:
+                    out.append(self.violation(where, handed))
             if isinstance(node, ast.Call):
-                out.extend(self._call(node, names, where, allow))
+                out.extend(self._call(node, names, receivers, where, allow))
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for t in targets:
@@ -225,24 +240,81 @@ class GuardTamperingCheck(PythonRule):
                         if foreign:
                             out.append(self.violation(where, f"replaces {foreign[0]}.{t.attr} (an attribute of "
                                                              f"something the candidate did not define)"))
+        for node, what in receivers.class_leaks():
+            out.append(self.violation(f"{label}:{getattr(node, 'lineno', 0)}", what))
         return _dedupe(out)
 
-    def _call(self, node: ast.Call, names: Resolver, where: str, allow: set) -> list[str]:
+    def _reaching(self, q: str, names: Resolver, allow: set) -> bool:
+        """``q`` leads to what this rule guards: a module, a builtin that reaches any
+        attribute or name, or a prefix of a guarded name."""
+        if q.startswith("builtins."):
+            return q.split(".", 1)[1] in REACHING_BUILTINS - allow
+        for t in (TAMPER_ATTRS | TAMPER_MODULES | DYNAMIC_MODULES) - allow:
+            if t.startswith(q + "."):
+                return True
+        return names.names_module(q)
+
+    def _handed_on(self, node: ast.AST, names: Resolver, receivers: Receivers, allow: set) -> str:
+        """Why ``node`` (a module or a reaching builtin) goes where the names cannot follow
+        it, or "": only attribute access, a call, a plain-name assignment (the resolver follows
+        it) and tests are followed."""
+        if isinstance(node, ast.Call) and literal_text(node.args[1] if len(node.args) > 1 else None) is None:
+            return ""  # only a getattr with a written name resolves to a qualified name
+        quals = sorted(q for q in names.qualified(node) if self._reaching(q, names, allow))
+        if not quals:
+            return ""
+        parents = receivers.parents
+        cur = node
+        parent = parents.get(cur)
+        while isinstance(parent, (ast.IfExp, ast.BoolOp, ast.NamedExpr)) and getattr(parent, "test", None) is not cur:
+            cur, parent = parent, parents.get(parent)
+        if isinstance(parent, ast.Attribute) and parent.value is cur:
+            return ""
+        if isinstance(parent, ast.Call) and (parent.func is cur or (
+                parent.args and parent.args[0] is cur and len(parent.args) >= 2 and literal_text(parent.args[1]) is not None
+                and any(names.is_builtin(parent.func, f) for f in ("getattr", "hasattr")))):
+            return ""
+        if isinstance(parent, (ast.Compare, ast.Expr, ast.Subscript, ast.UnaryOp, ast.If, ast.While, ast.Assert,
+                               ast.FormattedValue, ast.IfExp)):
+            return ""
+        assign = parent
+        if isinstance(parent, (ast.Tuple, ast.List)):
+            assign = parents.get(parent)
+            if not (isinstance(assign, ast.Assign) and assign.value is parent and all(
+                    isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == len(parent.elts)
+                    and all(isinstance(e, ast.Name) for e in t.elts) for t in assign.targets)):
+                assign = None
+        elif isinstance(parent, ast.Assign) and not all(isinstance(t, ast.Name) for t in parent.targets):
+            assign = None
+        if isinstance(assign, ast.Assign) and not isinstance(parents.get(assign), ast.ClassDef):
+            return ""
+        where = ("in a class attribute" if isinstance(assign, ast.Assign) else
+                 "as an argument" if isinstance(parent, (ast.Call, ast.keyword, ast.Starred)) else
+                 "as a return value" if isinstance(parent, (ast.Return, ast.Lambda, ast.Yield, ast.YieldFrom)) else
+                 "in a container" if isinstance(parent, (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.comprehension,
+                                                         ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) else
+                 "in an attribute or item" if isinstance(parent, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else
+                 "as a default value" if isinstance(parent, ast.arguments) else "as a value")
+        return (f"hands on {quals[0]} {where}, where the check cannot follow what it reaches; use its attributes "
+                f"directly where they are needed")
+
+    def _call(self, node: ast.Call, names: Resolver, receivers: Receivers, where: str, allow: set) -> list[str]:
         out = []
         for fn, arity in (("getattr", 2), ("setattr", 3), ("hasattr", 2)):
             if names.is_builtin(node.func, fn) and len(node.args) >= 2:
                 target = node.args[0]
-                own_target = isinstance(target, ast.Name) and target.id in _SELF and names.is_own(target)
+                own_target = id(target) in receivers.bound and receivers.bound[id(target)].kind == "instance"
                 attr = literal_text(node.args[1])
-                if attr is None and not own_target:
-                    out.append(self.violation(where, f"{fn}() with a computed attribute name on something other "
-                                                     f"than self (write the attribute out)"))
-                elif attr is not None and attr in INTERNAL_ATTRS - allow:
+                if attr is None:
+                    why = receivers.computed_access(node)
+                    if why:
+                        out.append(self.violation(where, f"{fn}() {why}"))
+                elif attr in INTERNAL_ATTRS - allow:
                     out.append(self.violation(where, f"{fn}(..., {attr!r}) (interpreter internals)"))
-                elif fn == "setattr" and not own_target:
+                if fn == "setattr" and not own_target and attr is not None:
                     foreign = sorted(names.qualified(target))
-                    if foreign or attr is None:
-                        out.append(self.violation(where, f"setattr() on {foreign[0] if foreign else 'a computed object'}"))
+                    if foreign:
+                        out.append(self.violation(where, f"setattr() on {foreign[0]}"))
         quals = names.qualified(node.func)
         if any(q.startswith("torch.library.") for q in quals) and node.args:
             first = literal_text(node.args[0]) or ""
