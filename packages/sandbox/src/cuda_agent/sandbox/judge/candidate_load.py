@@ -34,12 +34,33 @@ def do_drop(st: CandidateState, msg: dict) -> dict:
         files = read_files(Path(str(msg["prebuilt"])))  # as root, before the job's private view hides it
         if msg.get("arch"):
             os.environ["TORCH_CUDA_ARCH_LIST"] = str(msg["arch"])
+    ahead = privdrop.dropped()  # warmed: dropped ahead of the job, into its inbox
     view, meta = privdrop.drop_privileges(msg["workspace"], bool(msg.get("enabled", True)),
                                           uid=int(uid) if uid is not None else None, extensions=files)
+    if ahead:  # the job's workspace, now that there is one
+        os.environ["CUDA_AGENT_WORKSPACE"] = str(view)
+        try:
+            os.chdir(view)
+        except OSError:
+            pass
+        if files:
+            meta["extensions"] = seed_own_extensions(files, meta)
     die_with_parent()  # a change of user clears the parent-death signal
     st.meta.update(meta)
     st.meta["view"] = str(view)
     return {"ok": True, "meta": meta, "view": str(view)}
+
+
+def seed_own_extensions(files: list, meta: dict) -> str:
+    """Extension files built ahead of the job, written by the job's user itself into its
+    ``TORCH_EXTENSIONS_DIR`` (a process that dropped its rights before the job was known)."""
+    if meta.get("job_mounts") != "private":
+        return f"prebuilt unused: no private /tmp ({meta.get('job_mounts')}), so the build folder's path differs"
+    try:
+        n = privdrop.write_files(files, Path(privdrop.EXTENSIONS_DIR))
+    except OSError as exc:
+        return f"prebuilt unused: {exc}"[:300]
+    return f"prebuilt ({n} files)"
 
 
 def do_prebuild(st: CandidateState, msg: dict) -> dict:

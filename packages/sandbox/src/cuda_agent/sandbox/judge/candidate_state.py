@@ -34,6 +34,8 @@ class CandidateState:
         self.cand_name = "model_new.py"
         self.strict = True
         self.held_inputs: list | None = None  # the last run's input tensors, refilled by the next draw
+        self.ways: Any = True  # how the trusted side takes CUDA outputs (the command's "ipc")
+        self.pool: Any = None  # the shared device buffers outputs are handed back in (cuda_ipc.BufferPool)
 
 
 def error_reply(exc: BaseException, files: tuple[str, ...] = ()) -> dict:
@@ -53,11 +55,18 @@ def release(st: CandidateState) -> None:
     if st.exporter is not None:
         st.exporter.release()
         st.exporter = None
+    if st.pool is not None:
+        st.pool.release()
 
 
 def export(st: CandidateState, values: Any, allow_ipc: bool) -> tuple[Any, list[int]]:
-    """``values`` described for the wire, and the descriptors that carry their data."""
-    st.exporter = Exporter(allow_ipc=allow_ipc)
+    """``values`` described for the wire, and the descriptors that carry their data: CUDA
+    tensors the ways the command accepts (its ``ipc``), else through host memory."""
+    if st.pool is None and str(st.device).startswith("cuda"):
+        from .cuda_ipc import BufferPool
+
+        st.pool = BufferPool()
+    st.exporter = Exporter(allow_ipc=st.ways if allow_ipc else False, pool=st.pool)
     return st.exporter.describe(values), list(st.exporter.fds)
 
 

@@ -7,18 +7,26 @@ it and, when it ran under a job's own user id, kills every process of that id an
 that none is left.
 
 An executor worker starts one ahead of its first job (:func:`prestart`, a worker init
-step), so that the candidate process's imports and CUDA context cost no job any time; a
-job takes it with :func:`obtain`. A worker whose candidate process served a job serves no
-other (:func:`after_job`): the next job gets a fresh pair.
+step), so that the candidate process's imports, CUDA context and identity cost no job any
+time: it is *warmed* (:meth:`CandidateProcess.warm`) into the next job's own user id (leased
+then, for that job alone), its own mount and network namespaces and private ``/tmp``, with
+one folder of the host bound into its view: the job's inbox, empty until the job's files are
+copied into it (:mod:`.session` takes its snapshot there). A job takes it with
+:func:`claim` (or :func:`obtain`). A worker whose candidate process served a job serves no
+other (:func:`after_job`): the next job gets a fresh pair, and a process of that job's user
+never outlives its job (:meth:`CandidateProcess.close`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 from cuda_agent.core.errors import CudaAgentError
@@ -44,11 +52,16 @@ class CandidateProcess:
         self.identity: identity.JobIdentity | None = None
         self.isolation: dict[str, Any] = {}
         self.used = False
+        self.claimed = False  # taken by a job's session (which then removes the inbox)
         self.closed = False
         self.swept = 0
         self._log = tempfile.NamedTemporaryFile(prefix="cuda-agent-candidate-", suffix=".log", delete=False)
         self._ready: dict | None = None
         self._start_timeout = start_timeout
+        self.inbox: Path | None = None  # the folder the next job's files go into (see warm)
+        self.warmed: dict | None = None  # what the drop ahead of the job reported
+        self.warm_error = ""
+        self._warming: threading.Thread | None = None
         self._spawn(identity.pidns_wanted(self.device))
 
     def _spawn(self, pidns: bool) -> None:
@@ -150,13 +163,48 @@ class CandidateProcess:
 
     # -- identity ---------------------------------------------------------------------
 
+    def warm(self, background: bool = False) -> None:
+        """Become the next job's, before there is one: lease its user id, make its inbox (an
+        empty folder of root's that the job's files will be copied into) and drop into it
+        (:meth:`drop`: the user id, own mount and network namespaces, private ``/tmp``).
+        No candidate code has run here, and none runs before the job's ``load``. With
+        ``background``, in a thread (:meth:`wait_warm` waits for it)."""
+        if self.inbox is None:  # now: a job may take the process (and copy its files) at once
+            self.inbox = Path(tempfile.mkdtemp(prefix="cuda-agent-next-job-"))
+            os.chmod(self.inbox, 0o755)
+        if background:
+            self._warming = threading.Thread(target=self._warm_drop, name="candidate-warm", daemon=True)
+            self._warming.start()
+        else:
+            self._warm_drop()
+
+    def _warm_drop(self) -> None:
+        try:
+            self.wait_ready()
+            self.warmed = self.drop(str(self.inbox), True)
+        except Exception as exc:  # noqa: BLE001 - the job then gets a process started for it
+            self.warm_error = f"{type(exc).__name__}: {exc}"[:300]
+            self.warmed = None
+
+    def wait_warm(self) -> bool:
+        """Wait for a warm-up in progress; whether the process is warm and alive."""
+        t = self._warming
+        if t is not None:
+            t.join()
+            self._warming = None
+        return self.warmed is not None and not self.closed and self.alive()
+
     def drop(self, workspace: str, enabled: bool = True, timeout: float = 60.0, prebuilt: dict | None = None) -> dict:
         """Make the process the job's own user (when this process is root and the drop is on);
-        ``prebuilt``: ``{"prebuilt": folder, "arch": ...}`` of extensions built ahead (:mod:`.prebuild`)."""
+        ``prebuilt``: ``{"prebuilt": folder, "arch": ...}`` of extensions built ahead (:mod:`.prebuild`).
+        A process warmed ahead of its job (:meth:`warm`) is that user already: the job's
+        ``workspace`` (in its inbox) and extensions are only handed to it."""
         from ..isolation import privdrop
 
         uid = None
-        if enabled and os.geteuid() == 0 and sys.platform.startswith("linux") and not privdrop.switched_off():
+        if self.warmed is not None:
+            uid = self.identity.uid if self.identity is not None else None
+        elif enabled and os.geteuid() == 0 and sys.platform.startswith("linux") and not privdrop.switched_off():
             self.identity = identity.JobIdentity()
             uid = self.identity.uid
             if self.identity.leftover_before:
@@ -183,13 +231,11 @@ class CandidateProcess:
         if self.closed:
             return self.isolation
         self.closed = True
-        if self.alive():
-            try:
-                wire.send(self.sock, {"op": "exit"})
-                self.proc.wait(timeout=3)
-            except Exception:  # noqa: BLE001
-                pass
+        # killed, not asked to exit: nothing of the job is kept in this process, and
+        # Python's own exit with torch loaded takes seconds
         self.kill()
+        if self._warming is not None:  # ends at once with the process (its user is swept below)
+            self._warming.join(timeout=self._start_timeout)
         try:
             self.sock.close()
         except OSError:
@@ -207,6 +253,8 @@ class CandidateProcess:
         except OSError:
             pass
         self._log.close()
+        if self.inbox is not None and not self.claimed:  # a job's inbox goes with its session
+            shutil.rmtree(self.inbox, ignore_errors=True)
         return self.isolation
 
 
@@ -221,27 +269,34 @@ _spent = False
 
 
 def prestart(device: str = "cpu") -> None:
-    """A worker init step: start this worker's candidate process now (its imports and CUDA
-    context made while the worker waits as a spare). On a GPU the worker waits for it (the
-    init steps hold the device's quiet lock: no context is made while a timing runs there);
-    on the CPU it starts alongside the worker."""
+    """A worker init step: start this worker's candidate process now and warm it for the
+    next job (:meth:`CandidateProcess.warm`: imports, CUDA context, the job's user id and
+    namespaces, all while the worker waits as a spare). On a GPU the worker waits for the
+    process to be ready (the init steps hold the device's quiet lock: no context is made
+    while a timing runs there); the drop ahead of the job then runs alongside the worker."""
     global _prestarted
     if _prestarted is None:
         _prestarted = CandidateProcess(device)
         if str(device).startswith("cuda"):
             _prestarted.wait_ready()
+        _prestarted.warm(background=True)
 
 
-def obtain(device: str) -> CandidateProcess:
-    """The prestarted candidate process when it matches ``device``, else a new one."""
+def claim(device: str, drop: bool = True) -> CandidateProcess | None:
+    """The prestarted candidate process for a job on ``device`` that drops its rights
+    (``drop``), now this job's (its inbox known at once; it may still be warming:
+    :meth:`CandidateProcess.wait_warm`); None when there is none that fits (the one there
+    is, if any, is ended: a worker's candidate process serves one job)."""
     global _prestarted, _spent
     _spent = True
     p, _prestarted = _prestarted, None
-    if p is not None and p.device == str(device) and p.alive() and not p.closed:
+    if p is None:
+        return None
+    if drop and p.device == str(device) and p.inbox is not None and not p.closed and p.alive():
+        p.claimed = True
         return p
-    if p is not None:
-        p.close()
-    return CandidateProcess(device)
+    p.close()
+    return None
 
 
 def after_job() -> str | None:

@@ -331,6 +331,10 @@ class BufferPool:
             b.free()
         self.free, self.used = self.used, []
 
+    def clear(self) -> None:
+        self.release()
+        self.release()
+
 
 def import_fd(fd: int, nbytes: int, device: int) -> tuple[int, int]:
     """Map the memory behind a descriptor from the candidate process: (pointer here, mapped

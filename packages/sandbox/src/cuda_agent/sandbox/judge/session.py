@@ -14,6 +14,8 @@ both when a job does both (one candidate process, one load of the candidate).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from cuda_agent.core.types import FailureCategory
 
 from . import snapshot, tensors
-from .client import CandidateProcess, CandidateProcessError, obtain
+from .client import CandidateProcess, CandidateProcessError, claim
 
 
 @dataclass
@@ -50,23 +52,38 @@ class JudgeSession:
         self.source = ws
         cand_rel, ref_rel = _relative(cand, ws), _relative(ref, ws)
         self.meta: dict[str, Any] = {}
-        if cand_rel is not None and ref_rel is not None:
-            files, folders = snapshot.workspace_files(ws, cand_rel, ref_rel)
-            self.snap = snapshot.take(ws, files, folders)
-            self.candidate, self.reference = self.snap.path(cand_rel), self.snap.path(ref_rel)
-        else:  # files outside one folder (a single-file solution beside a task folder)
-            self.snap = snapshot.take(cand.parent, [cand.name])
-            ref_snap = snapshot.take(ref.parent, [ref.name], parent=str(self.snap.root))
-            self.candidate, self.reference = self.snap.path(cand.name), ref_snap.path(ref.name)
-            self.snap.refused.update(ref_snap.refused)
+        # this worker's candidate process, warmed ahead for the next job: the snapshot goes
+        # into its inbox, the one folder of the host its view shows (see client)
+        self.proc: CandidateProcess | None = claim(self.device, drop)
+        self.inbox = self.proc.inbox if self.proc is not None else None
+        inbox = str(self.inbox) if self.inbox is not None else None
+        try:
+            if cand_rel is not None and ref_rel is not None:
+                files, folders = snapshot.workspace_files(ws, cand_rel, ref_rel)
+                self.snap = snapshot.take(ws, files, folders, parent=inbox)
+                self.candidate, self.reference = self.snap.path(cand_rel), self.snap.path(ref_rel)
+            else:  # files outside one folder (a single-file solution beside a task folder)
+                self.snap = snapshot.take(cand.parent, [cand.name], parent=inbox)
+                ref_snap = snapshot.take(ref.parent, [ref.name], parent=str(self.snap.root))
+                self.candidate, self.reference = self.snap.path(cand.name), ref_snap.path(ref.name)
+                self.snap.refused.update(ref_snap.refused)
+        except BaseException:
+            if self.proc is not None:
+                self.proc.close()
+            if self.inbox is not None:
+                shutil.rmtree(self.inbox, ignore_errors=True)
+            raise
         self.cand_name = cand.name
-        self.proc: CandidateProcess | None = None
+        self.started = False  # the candidate process taken for the job and given its files
         self.loaded = False
         self.loaded_seed: int | None = None  # the seed the candidate's weights come from
         self.load_reply: dict = {}
         self.weights: str | None = None  # how ModelNew got Model's weights (the candidate process's report)
         self.native_findings: list[str] = []  # shared objects refused by their symbols (rule native.python-api)
-        self.ipc = True
+        # the ways CUDA outputs may come here in device memory (tensors.DEVICE_WAYS), best
+        # first; a way that fails once is dropped for the rest of the job (empty or False:
+        # host memory only). The metadata's output_transfer names the way they came.
+        self.ipc: list[str] | bool = list(tensors.DEVICE_WAYS)
 
     # -- what the snapshot holds -------------------------------------------------------
 
@@ -80,18 +97,46 @@ class JudgeSession:
     # -- the candidate process ------------------------------------------------------
 
     def start(self) -> CandidateProcess:
-        if self.proc is None:
+        if self.proc is None or not self.started:
             from .checks import native_symbols
 
             prebuilt = self._prebuilt()
             self.native_findings = native_symbols.job_findings(self.snap.root, prebuilt and prebuilt["prebuilt"])
             if self.native_findings:  # nothing of it reaches the candidate process
                 prebuilt = None
-            self.proc = obtain(self.device)
+            self._take_process()
             self.proc.wait_ready()
-            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled, prebuilt=prebuilt))
+            self.meta.update(self.proc.drop(str(self.snap.root), self.drop_enabled,
+                                            prebuilt=self._handed(prebuilt)))
             self.meta.update({f"job_{k}": v for k, v in self.proc.isolation.items()})
         return self.proc
+
+    def _take_process(self) -> None:
+        """The warm candidate process claimed for this job, else one started now (the
+        metadata's ``candidate_process`` says which, and why)."""
+        if self.proc is not None and self.proc.wait_warm():
+            self.meta["candidate_process"] = "warm (the job's user and namespaces made ahead of the job)"
+        else:
+            why = "none was waiting" if self.proc is None else (self.proc.warm_error or "it had ended")
+            if self.proc is not None:
+                self.proc.close()
+            self.meta["candidate_process"] = f"started for the job ({why})"[:300]
+            self.proc = CandidateProcess(self.device)
+        self.started = True
+
+    def _handed(self, prebuilt: dict | None) -> dict | None:
+        """``prebuilt`` as a process dropped ahead of the job can read it: its files copied
+        into the job's inbox (the folder it names is not in that process's view)."""
+        if prebuilt is None or self.proc is None or self.proc.warmed is None or self.inbox is None:
+            return prebuilt
+        from ..isolation import privdrop
+        from . import prebuild
+
+        uid = self.proc.identity.uid if self.proc.identity is not None else None
+        dest = Path(tempfile.mkdtemp(prefix="extensions-", dir=str(self.inbox)))
+        os.chmod(dest, 0o755)
+        privdrop.write_files(prebuild.read_files(Path(prebuilt["prebuilt"])), dest, uid, uid)
+        return {**prebuilt, "prebuilt": str(dest)}
 
     def _prebuilt(self) -> dict | None:
         """The extensions built ahead of this job for exactly the judged candidate on this
@@ -179,24 +224,49 @@ class JudgeSession:
         return self.proc.request(msg, timeout if timeout is not None else self.timeout)
 
     def fetch(self, msg: dict, key: str, timeout: float | None = None) -> tuple[dict, Any]:
-        """Send ``msg``; its reply and the value under ``key`` rebuilt here. Outputs travel
-        through host memory from the first time a CUDA IPC mapping fails."""
+        """Send ``msg``; its reply and the value under ``key`` rebuilt here. A way of sharing
+        device memory that fails to map is not offered again (the command is sent again the
+        next way; host memory last)."""
         assert self.proc is not None
-        for _ in range(2):
-            reply, fds = self.proc.call({**msg, "ipc": self.ipc}, timeout if timeout is not None else self.timeout)
+        failed: list[str] = []
+        for _ in range(len(tensors.DEVICE_WAYS) + 1):
+            ways = list(self.ipc) if isinstance(self.ipc, (list, tuple)) else []
+            reply, fds = self.proc.call({**msg, "ipc": ways}, timeout if timeout is not None else self.timeout)
             try:
                 if not reply.get("ok") or key not in reply:
                     return reply, None
-                return reply, tensors.rebuild(reply[key], fds, self.device)
+                value = tensors.rebuild(reply[key], fds, self.device)
+                self._transfer(reply[key], failed)
+                return reply, value
             except tensors.WireError as exc:
-                if exc.reason == "ipc" and self.ipc:
-                    self.ipc = False
-                    self.meta["output_transfer"] = f"host memory ({exc})"[:300]
+                way = getattr(exc, "way", None)
+                if exc.reason == "ipc" and way in ways:
+                    self.ipc = [w for w in ways if w != way]
+                    failed.append(f"{way}: {exc}"[:300])
                     continue
                 raise CandidateProcessError(f"the candidate process sent a malformed output ({exc})", "protocol") from None
             finally:
                 tensors.close_all(fds)
         raise CandidateProcessError("the candidate process's outputs could not be read", "protocol")
+
+    def _transfer(self, spec: Any, failed: list[str]) -> None:
+        """Record how this job's CUDA outputs came (the first time they came, and whenever a
+        way failed): the way's name and, for host memory, why."""
+        used = tensors.ways_used(spec)
+        why = used.pop("why", None)
+        used.pop("none", None)
+        if not used or ("output_transfer" in self.meta and not failed):
+            return
+        if str(self.device).startswith("cuda") and set(used) == {"memfd"}:
+            reasons = failed + ([f"the candidate process: {why}"] if why else [])
+            if not reasons and not (isinstance(self.ipc, (list, tuple)) and self.ipc):
+                reasons = ["device memory sharing is off"]
+            text = f"host memory ({'; '.join(reasons) or 'outputs on the CPU'})"
+        else:
+            text = ", ".join(f"{tensors.WAY_NAMES.get(w, w)} ({w})" for w in sorted(used))
+            if failed or why:
+                text += f" (after {'; '.join(failed + ([why] if why else []))})"
+        self.meta["output_transfer"] = text[:400]
 
     def close(self) -> dict:
         info: dict = {}
@@ -204,6 +274,8 @@ class JudgeSession:
             info = self.proc.close()
             self.meta.update({f"job_{k}": v for k, v in info.items()})
         self.snap.remove()
+        if self.inbox is not None:
+            shutil.rmtree(self.inbox, ignore_errors=True)
         return info
 
     def close_into(self, *results: Any) -> None:

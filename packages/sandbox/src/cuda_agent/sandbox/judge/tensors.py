@@ -7,9 +7,16 @@ A value is a nested description: ``{"t": "tensor", ...}``, ``{"t": "list"|"tuple
 * ``"via": "memfd"``: a sealed memory file (its descriptor beside the message; the
   candidate can no longer change it once sealed), for tensors on the CPU and as the
   fallback for CUDA tensors;
+* ``"via": "cuda_fd"``: a buffer of device memory the candidate process copied the tensor
+  into, its POSIX descriptor beside the message (:mod:`.cuda_ipc`); the trusted side maps
+  exactly the tensor's size of it (the driver refuses more than the buffer holds), copies
+  the bytes into its own memory and unmaps it;
 * ``"via": "cuda_ipc"``: a CUDA IPC handle of the allocation that holds it, with the
   offset; the trusted side maps it, checks the allocation is large enough, copies the bytes
   into its own memory and unmaps it.
+
+The trusted side names the ways it accepts for CUDA tensors (``DEVICE_WAYS``, the first
+that works is taken); a tensor that none of them could carry says why (``ipc_error``).
 
 Only contiguous bytes travel (the trusted side compares values, not layouts). Every field
 is checked on receipt: known dtype, sizes that agree, offsets inside the allocation.
@@ -31,6 +38,9 @@ MAX_DEPTH = 8
 MAX_ITEMS = 4096
 MAX_DIMS = 16
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+DEVICE_WAYS = ("cuda_fd", "cuda_ipc")  # CUDA tensors that stay in device memory, best first
+WAY_NAMES = {"cuda_fd": "device memory (shared as a file descriptor)", "cuda_ipc": "device memory (CUDA IPC handle)",
+             "memfd": "host memory"}
 
 
 def _torch() -> Any:
@@ -46,8 +56,18 @@ class Exporter:
     """Describes values for :func:`send`; keeps what the receiver maps alive until
     :meth:`release` (after the trusted side has copied it)."""
 
-    def __init__(self, allow_ipc: bool = True):
-        self.allow_ipc = allow_ipc
+    def __init__(self, allow_ipc: Any = True, pool: Any = None):
+        # allow_ipc: True (every way of DEVICE_WAYS), False (host memory only) or the names
+        # of the ways the trusted side accepts
+        if allow_ipc is True:
+            self.ways = list(DEVICE_WAYS)
+        elif isinstance(allow_ipc, (list, tuple)):
+            self.ways = [w for w in DEVICE_WAYS if w in allow_ipc]
+        else:
+            self.ways = []
+        self.allow_ipc = bool(self.ways)
+        self.pool = pool  # cuda_ipc.BufferPool of the candidate process (shared buffers reused)
+        self._own_pool: Any = None
         self.fds: list[int] = []
         self.keep: list[Any] = []
 
@@ -76,17 +96,15 @@ class Exporter:
             spec["via"] = "none"
             return spec
         c = t.contiguous()
-        if c.is_cuda and self.allow_ipc:
+        errors = []
+        for way in self.ways if c.is_cuda else ():
             try:
-                from . import cuda_ipc
-
-                torch.cuda.synchronize(c.device)
-                handle, offset, size = cuda_ipc.export(c.data_ptr())
-                self.keep.append(c)
-                spec.update(via="cuda_ipc", handle=handle.hex(), offset=offset, alloc=size)
+                self._on_device(way, c, spec)
                 return spec
-            except Exception as exc:  # noqa: BLE001 - the bytes go through host memory instead
-                spec["ipc_error"] = str(exc)[:200]
+            except Exception as exc:  # noqa: BLE001 - the next way, or host memory
+                errors.append(f"{way}: {str(exc)[:200]}")
+        if errors:
+            spec["ipc_error"] = "; ".join(errors)[:400]
         fd = os.memfd_create("cuda-agent-output", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, spec["nbytes"])
@@ -102,7 +120,32 @@ class Exporter:
         self.fds.append(fd)
         return spec
 
+    def _on_device(self, way: str, c: Any, spec: dict) -> None:
+        torch = _torch()
+        from . import cuda_ipc
+
+        torch.cuda.synchronize(c.device)
+        if way == "cuda_fd":
+            dev = c.device.index if c.device.index is not None else torch.cuda.current_device()
+            why = cuda_ipc.fd_supported(dev)
+            if why:
+                raise cuda_ipc.IpcError(why)
+            if self.pool is None:
+                self.pool = self._own_pool = cuda_ipc.BufferPool()
+            buf = self.pool.take(spec["nbytes"], dev)
+            cuda_ipc.copy(buf.ptr, c.data_ptr(), spec["nbytes"])
+            fd = buf.export_fd()
+            spec.update(via="cuda_fd", fd=len(self.fds))
+            self.fds.append(fd)
+        else:
+            handle, offset, size = cuda_ipc.export(c.data_ptr())
+            self.keep.append(c)
+            spec.update(via="cuda_ipc", handle=handle.hex(), offset=offset, alloc=size)
+
     def release(self) -> None:
+        if self._own_pool is not None:  # buffers of this reply alone
+            self._own_pool.clear()
+            self._own_pool = self.pool = None
         for fd in self.fds:
             try:
                 os.close(fd)
@@ -171,6 +214,8 @@ def _rebuild_tensor(spec: dict, fds: list[int], device: Any) -> Any:
         return torch.empty(shape, dtype=dtype, device=out_dev)
     if via == "memfd":
         raw = _from_memfd(spec, fds, nbytes)
+    elif via == "cuda_fd" and dev.type == "cuda":
+        raw = _from_fd(spec, fds, nbytes, dev)
     elif via == "cuda_ipc" and dev.type == "cuda":
         raw = _from_ipc(spec, nbytes, dev)
     else:
@@ -194,6 +239,36 @@ def _from_memfd(spec: dict, fds: list[int], nbytes: int) -> Any:
         return torch.frombuffer(mm, dtype=torch.uint8, count=nbytes).clone()
 
 
+class TransferError(WireError):
+    """A way of carrying device memory that does not work between these two processes
+    (``way``: its name); the next output goes another way."""
+
+    def __init__(self, message: str, way: str):
+        super().__init__(message, "ipc")
+        self.way = way
+
+
+def _from_fd(spec: dict, fds: list[int], nbytes: int, dev: Any) -> Any:
+    torch = _torch()
+    from . import cuda_ipc
+
+    i = spec.get("fd")
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(fds):
+        raise WireError("output names no descriptor that came with it")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        try:
+            ptr, size = cuda_ipc.import_fd(fds[i], nbytes, index)
+        except cuda_ipc.IpcError as exc:
+            raise TransferError(f"cannot map the candidate's output: {exc}", "cuda_fd") from None
+        try:
+            out = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            cuda_ipc.copy(out.data_ptr(), ptr, nbytes)
+        finally:
+            cuda_ipc.unmap_fd(ptr, size)
+    return out
+
+
 def _from_ipc(spec: dict, nbytes: int, dev: Any) -> Any:
     torch = _torch()
     from . import cuda_ipc
@@ -209,7 +284,7 @@ def _from_ipc(spec: dict, nbytes: int, dev: Any) -> Any:
         try:
             base, size = cuda_ipc.open_handle(handle)
         except cuda_ipc.IpcError as exc:
-            raise WireError(f"cannot map the candidate's output: {exc}", "ipc") from None
+            raise TransferError(f"cannot map the candidate's output: {exc}", "cuda_ipc") from None
         try:
             if offset + nbytes > size:
                 raise WireError("an output that reaches past the end of its allocation")
@@ -220,6 +295,27 @@ def _from_ipc(spec: dict, nbytes: int, dev: Any) -> Any:
         finally:
             cuda_ipc.close_handle(base)
     return copy
+
+
+def ways_used(spec: Any, depth: int = 0) -> dict[str, int]:
+    """How many tensors of an output description came each way (``via``), and the candidate
+    side's reasons for host memory (``ipc_error``) under ``"why"``."""
+    out: dict[str, Any] = {}
+    if depth > MAX_DEPTH or not isinstance(spec, dict):
+        return out
+    if spec.get("t") == "tensor":
+        via = str(spec.get("via"))[:20]
+        out[via] = 1
+        if spec.get("ipc_error"):
+            out["why"] = str(spec["ipc_error"])[:300]
+        return out
+    items = spec.get("items") if isinstance(spec.get("items"), list) else []
+    for item in items[:MAX_ITEMS]:
+        sub = ways_used(item[1] if spec.get("t") == "dict" and isinstance(item, list) and len(item) == 2 else item,
+                        depth + 1)
+        for k, v in sub.items():
+            out[k] = v if k == "why" else out.get(k, 0) + v
+    return out
 
 
 def close_all(fds: list[int]) -> None:

@@ -1,0 +1,176 @@
+"""A candidate process warmed ahead of its job: already the job's own user, in its own mount
+and network namespaces with a private /tmp, before the job exists; the job's files reach
+it through its inbox, candidate code runs only after the job's load (after the integrity
+snapshot), and nothing of the job's user outlives the job. Real candidate processes, as
+root on Linux."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_agent.sandbox.judge import client, identity  # noqa: E402
+from cuda_agent.sandbox.judge.session import JudgeSession  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                                reason="a job's own user and namespaces need root on Linux")
+
+MODEL = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    return [torch.ones(4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+# ModelNew reports what it sees: [its uid, a host file under /tmp readable?, the workspace
+# is its current folder?, the prebuilt extension's marker]
+PROBE = """import os
+import torch
+import torch.nn as nn
+
+SECRET = {secret!r}
+
+
+def _seen():
+    try:
+        open(SECRET).read()
+        secret = 1.0
+    except OSError:
+        secret = 0.0
+    try:
+        marker = float(open("/tmp/cuda-agent-torch-extensions/probe_ext/marker.txt").read())
+    except OSError:
+        marker = -1.0
+    here = 1.0 if os.path.exists(os.path.join(os.getcwd(), "model_new.py")) else 0.0
+    return [float(os.getuid()), secret, here, marker]
+
+
+SEEN = _seen()
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.tensor(SEEN)
+"""
+
+TAMPER = """import torch
+import torch.nn as nn
+
+torch.allclose = lambda *a, **k: True
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x * 2
+"""
+
+
+@pytest.fixture()
+def job_process(monkeypatch):
+    """Stands for an executor worker: the job-process mark set, a candidate process prestarted."""
+    monkeypatch.setenv("CUDA_AGENT_JOB_PROCESS", str(os.getpid()))
+    monkeypatch.setattr(client, "_prestarted", None)
+    monkeypatch.setattr(client, "_spent", False)
+    yield
+    client.shutdown()
+
+
+def workspace(tmp_path: Path, candidate: str) -> Path:
+    ws = tmp_path / f"ws-{uuid.uuid4().hex[:6]}"
+    ws.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(ws, 0o755)
+    (ws / "model.py").write_text(MODEL)
+    (ws / "model_new.py").write_text(candidate)
+    return ws
+
+
+def ns(pid: int | str, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+def test_a_warm_candidate_process_is_the_next_jobs_user_before_the_job(job_process, tmp_path):
+    secret = Path("/tmp") / f"host-secret-{uuid.uuid4().hex}"
+    secret.write_text("host only")
+    os.chmod(secret, 0o644)  # readable by anyone who can see it
+    client.prestart("cpu")
+    proc = client._prestarted
+    following = client.CandidateProcess("cpu")  # the worker's next one, warming meanwhile
+    following.warm(background=True)
+    uids = []
+    try:
+        assert proc.wait_warm(), proc.warm_error
+        uid = proc.identity.uid
+        uids.append(uid)
+        assert proc.warmed["uid"] == uid and identity.JOB_UID_BASE <= uid < identity.JOB_UID_BASE + identity.JOB_UID_COUNT
+        assert proc.warmed["job_mounts"] == "private" and proc.warmed["job_network"] == "none"
+        with open(f"/proc/{proc.proc.pid}/status") as fh:
+            assert next(line for line in fh if line.startswith("Uid:")).split()[1:] == [str(uid)] * 4
+        for kind in ("mnt", "net"):  # namespaces of its own, made before any job
+            assert ns(proc.proc.pid, kind) != ns("self", kind)
+
+        # extension files built ahead: handed through the inbox, written by the job's user itself
+        built = tmp_path / "built"
+        (built / "probe_ext").mkdir(parents=True)
+        (built / "probe_ext" / "marker.txt").write_text("7")
+        ws = workspace(tmp_path, PROBE.format(secret=str(secret)))
+        s = JudgeSession(ws, ws / "model_new.py", ws / "model.py", "cpu")
+        try:
+            assert s.proc is proc and s.snap.root.parent == proc.inbox  # the job's files go into its inbox
+            s._prebuilt = lambda: {"prebuilt": str(built)}  # type: ignore[method-assign]
+            assert s.load(1, True, "fp32-strict") is None
+            assert s.meta["candidate_process"].startswith("warm") and s.meta["uid"] == uid
+            assert s.meta["extensions"] == "prebuilt (1 files)"
+            reply, out = s.fetch({"op": "run", "seed": 3, "guard": {"enabled": False}}, "output")
+            assert out is not None, reply
+            seen_uid, seen_secret, in_workspace, marker = out.tolist()
+            assert seen_uid == uid and seen_secret == 0.0 and in_workspace == 1.0 and marker == 7.0
+            assert s.meta["output_transfer"] == "host memory (memfd)"
+        finally:
+            info = s.close()
+        assert info["left_running_after_end"] == 0 and identity.processes_of(uid) == []
+        assert not proc.inbox.exists()
+
+        # the next job: a user of its own; its candidate code still meets the integrity snapshot
+        client._prestarted = following
+        ws = workspace(tmp_path, TAMPER)
+        with JudgeSession(ws, ws / "model_new.py", ws / "model.py", "cpu") as s:
+            assert s.proc is following
+            refusal = s.load(1, True, "fp32-strict")
+            assert s.meta["candidate_process"].startswith("warm"), s.meta
+            uids.append(following.identity.uid)
+        assert uids[1] != uids[0]
+        assert refusal is not None and "torch.allclose" in refusal.message and "rule no-tampering" in refusal.message
+        assert identity.processes_of(uids[1]) == []
+    finally:
+        secret.unlink()
+        following.close()
+
+
+def test_a_warm_process_no_job_claims_ends_with_nothing_left(job_process, tmp_path):
+    client.prestart("cpu")
+    warm = client._prestarted
+    ws = workspace(tmp_path, TAMPER)
+    s = JudgeSession(ws, ws / "model_new.py", ws / "model.py", "cpu", drop=False)
+    # a job that keeps its rights cannot use a process that gave them up: it is ended at once
+    assert s.proc is None and warm.closed and not warm.inbox.exists()
+    assert s.snap.root.parent != warm.inbox
+    s.close()
+    if warm.identity is not None:
+        assert identity.processes_of(warm.identity.uid) == []
