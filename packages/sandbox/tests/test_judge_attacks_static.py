@@ -606,3 +606,61 @@ def test_an_extension_built_ahead_is_judged_before_its_job_loads_it(executor, tm
     v = verify(executor, honest, **opts)
     assert v.ok, v.message
     assert v.metadata.get("prebuilt", "").startswith("built ahead"), v.metadata.get("prebuilt")
+
+
+# a single file that builds its own library at import and loads it with ctypes, as public
+# KernelBench solutions do: nothing of it exists before the candidate process runs, so it is
+# judged where it is mapped, from the trusted side, once the import is done
+IN_JOB_BUILD = r"""
+import ctypes, os, subprocess, tempfile
+import torch
+import torch.nn as nn
+
+_SRC = r'''
+#include <cstdint>
+{python}
+extern "C" void relu(const float* x, float* y, int64_t n) {
+    {call}
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+'''
+_dir = tempfile.mkdtemp()
+with open(os.path.join(_dir, "k.cpp"), "w") as _f:
+    _f.write(_SRC)
+subprocess.run(["g++", "-O2", "-shared", "-fPIC", os.path.join(_dir, "k.cpp"), "-o", os.path.join(_dir, "k.so")],
+               check=True, capture_output=True)
+_lib = ctypes.CDLL(os.path.join(_dir, "k.so"))
+_lib.relu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        _lib.relu(x.data_ptr(), y.data_ptr(), x.numel())
+        return y
+"""
+# the Python C API under names the preprocessor spells, so the source check cannot read them
+HIDDEN_PYTHON = "\n".join([
+    "#define CAT(a, b) a##b",
+    'extern "C" int CAT(PyGILState_, Ensure)();',
+    'extern "C" void CAT(PyGILState_, Release)(int);',
+    'extern "C" int CAT(PyRun_, SimpleString)(const char*);',
+])
+HIDDEN_CALL = 'int g = CAT(PyGILState_, Ensure)(); CAT(PyRun_, SimpleString)("import torch"); CAT(PyGILState_, Release)(g);'
+
+
+def in_job_build(python: str = "", call: str = "") -> str:
+    return IN_JOB_BUILD.replace("{python}", python).replace("{call}", call)
+
+
+@as_root
+def test_a_library_built_and_loaded_inside_the_job_is_judged_where_it_is_mapped(executor, tmp_path):
+    evil = Path(make_workspace(tmp_path / "evil", task_code=RELU_TASK, build=False,
+                               model_new=in_job_build(HIDDEN_PYTHON, HIDDEN_CALL)).root)
+    assert not [c.message for c in run_static_checks(evil) if not c.passed]  # the sources hide the names
+    v = verify(executor, evil)
+    assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP, v.message
+    assert "loaded by the candidate process" in v.message and "rule native.python-api" in v.message, v.message
+    honest = Path(make_workspace(tmp_path / "honest", task_code=RELU_TASK, build=False,
+                                 model_new=in_job_build()).root)
+    v = verify(executor, honest)
+    assert v.ok, v.message

@@ -80,6 +80,7 @@ class JudgeSession:
         self.load_reply: dict = {}
         self.weights: str | None = None  # how ModelNew got Model's weights (the candidate process's report)
         self.native_findings: list[str] = []  # shared objects refused by their symbols (rule native.python-api)
+        self._mapped_seen: set = set()  # the candidate's own mapped libraries already judged
         # the ways CUDA outputs may come here in device memory (tensors.DEVICE_WAYS), best
         # first; a way that fails once is dropped for the rest of the job (empty or False:
         # host memory only). The metadata's output_transfer names the way they came.
@@ -191,7 +192,7 @@ class JudgeSession:
         self.loaded = True
         self.loaded_seed = int(seed)
         del proc
-        return self._tamper_refusal(tampered)
+        return self._tamper_refusal(tampered) or self.mapped_refusal()
 
     def rebuild(self, seed: int, weights: str = "state_dict") -> Refusal | None:
         """Build both models again after ``seed`` in the candidate process, ``ModelNew`` taking
@@ -217,7 +218,21 @@ class JudgeSession:
         late = _names(reply.get("late"))
         if late:  # the harness's own gap, not the candidate's doing: kept where a test can see it
             self.meta["harness_late_imports"] = late[:20]
-        return self._tamper_refusal(_names(reply.get("tampered")))
+        return self._tamper_refusal(_names(reply.get("tampered"))) or self.mapped_refusal()
+
+    def mapped_refusal(self) -> Refusal | None:
+        """The shared objects the candidate's processes made and mapped themselves (built at
+        import, inside the job), judged by their symbols from this side (rule
+        ``native.python-api``; :func:`.checks.native_symbols.mapped_findings`)."""
+        ident = getattr(self.proc, "identity", None)
+        if ident is None or os.geteuid() != 0 or not os.path.isdir("/proc/self/map_files"):
+            return None
+        from . import identity
+        from .checks import native_symbols
+
+        found = native_symbols.mapped_findings(identity.processes_of(ident.uid), ident.uid, self._mapped_seen)
+        self.native_findings += found
+        return Refusal(FailureCategory.FORBIDDEN_OP, found[0], {"native": found[:20]}) if found else None
 
     def _request(self, msg: dict, timeout: float | None = None) -> dict:
         assert self.proc is not None

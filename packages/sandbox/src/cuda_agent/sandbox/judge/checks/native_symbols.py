@@ -104,6 +104,7 @@ class DynamicSymbols:
     path: str
     undefined: set[str] = field(default_factory=set)
     needed: list[str] = field(default_factory=list)
+    python_module: bool = False  # defines PyInit_<name>: a Python extension module
 
 
 def is_elf(path: str | Path) -> bool:
@@ -172,6 +173,8 @@ def parse_symbols(data: bytes, path: str = "") -> DynamicSymbols:
                     st_info, _other, st_shndx = struct.unpack_from(e + "BBH", data, off + 12)
                 if st_shndx == 0 and st_name:
                     out.undefined.add(name_at(names, st_name).split("@")[0])
+                elif st_name and name_at(names, st_name).startswith("PyInit_"):
+                    out.python_module = True
         elif stype == SHT_DYNAMIC:
             names = strtab(link)
             size = entsize or (16 if is64 else 8)
@@ -211,7 +214,8 @@ def binding_may_call(symbol: str, kind: str) -> bool:
 
 
 def check_file(path: str | Path, kind: str, label: str = "") -> list[str]:
-    """Refusal messages for one file (none when it is not an ELF file)."""
+    """Refusal messages for one file (none when it is not an ELF file); ``kind`` "auto": a
+    Python extension module (it defines ``PyInit_*``) is a torch extension, else a kernel library."""
     if not is_elf(path):
         return []
     try:
@@ -219,6 +223,8 @@ def check_file(path: str | Path, kind: str, label: str = "") -> list[str]:
     except (OSError, NotElf, struct.error) as exc:
         return [f"{label or Path(path).name}: cannot be read as a shared object ({exc}) (rule {RULE}: a kernel "
                 f"library must be an ordinary shared object)"]
+    if kind == "auto":
+        kind = "torch_extension" if syms.python_module else "ctypes"
     what = refusals(syms, kind)
     if not what:
         return []
@@ -268,3 +274,35 @@ def job_findings(snapshot_root: str | Path, prebuilt: str | Path | None = None) 
     if prebuilt:
         found += [f"the build made ahead: {f}" for f in check_tree(prebuilt, default_kind="torch_extension")]
     return found
+
+
+def mapped_findings(pids: list[int], owner: int, seen: set | None = None) -> list[str]:
+    """Refusals for the shared objects that processes ``pids`` have mapped executable and
+    that ``owner`` (the job's own user) made: what the candidate built and loaded inside its
+    own process (a compiler run at import, ``load_inline`` without a build made ahead),
+    judged from this side through ``/proc/<pid>/map_files`` after the fact. ``seen`` (file
+    identities already judged) is updated. Mappings that cannot be read are skipped."""
+    seen = set() if seen is None else seen
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                continue
+            mf = f"/proc/{pid}/map_files/{parts[0]}"
+            try:
+                st = os.stat(mf)
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if st.st_uid != owner or ident in seen:
+                continue
+            seen.add(ident)
+            name = parts[5].replace(" (deleted)", "")
+            out.extend(check_file(mf, "auto", f"{name} (loaded by the candidate process)"))
+    return out
