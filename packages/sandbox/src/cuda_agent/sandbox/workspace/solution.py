@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ import click
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.types import Task
 
-from .workspace import STATE_DIR, Workspace, create_workspace, is_agent_path, remove_workspace, snapshot_files
+from cuda_agent.core.safefs import Tree, UnsafePath, file_refusal
+
+from .workspace import (STATE_DIR, Workspace, agent_refusals, create_workspace, is_agent_path, remove_workspace,
+                        snapshot_files)
+
+RULE_FILES = "judge.files"
+_RULE_TEXT = f"(rule {RULE_FILES}: the judged files must be regular files of the folder, no link followed)"
 
 README = """# A verified solution of `{task}`
 
@@ -83,26 +90,73 @@ def solution_folder(path: Path) -> Path:
     return path
 
 
+def solution_refusals(folder: Path) -> list[str]:
+    """Why the folder is not judged as it is: one line per link, file with several names,
+    FIFO or device among its judged files (``model.py``, ``model_new.py``, ``kernels/``,
+    ``.cuda_agent/workspace.json``), each naming its rule; empty when there is none."""
+    tree = Tree(folder, "the solution folder")
+    out = [f"{r} {_RULE_TEXT}" for r in agent_refusals(folder)]
+    for rel in ("model.py", f"{STATE_DIR}/workspace.json"):
+        try:
+            st = tree.lstat(rel)
+        except UnsafePath as exc:
+            out.append(f"{exc} {_RULE_TEXT}")
+            continue
+        if st is None:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = tree.readlink(rel)
+            except (OSError, UnsafePath):
+                target = "?"
+            out.append(f"{tree.link_error(rel, target)} {_RULE_TEXT}")
+        elif file_refusal(st, rel) is not None:
+            out.append(f"{file_refusal(st, rel)} {_RULE_TEXT}")
+    return out
+
+
+def _read_text(tree: Tree, rel: str) -> str:
+    try:
+        return tree.read_text(rel, 4 << 20)
+    except UnsafePath as exc:
+        raise ConfigError(f"{exc} {_RULE_TEXT}") from None
+
+
 def read_solution(folder: Path) -> tuple[Task, dict[str, str], str | None, str | None]:
-    """The task, the solution's files and, when the folder names them, its backend and compiler."""
-    if not (folder / "model_new.py").is_file():
+    """The task, the solution's files and, when the folder names them, its backend and compiler
+    (every file read through :class:`~cuda_agent.core.safefs.Tree`: no link followed)."""
+    tree = Tree(folder, "the solution folder")
+    if tree.lstat("model_new.py") is None:
         raise ConfigError(f"{folder}: no model_new.py; give a run folder, its best/ or a workspace")
-    if not (folder / "model.py").is_file():
+    if tree.lstat("model.py") is None:
         raise ConfigError(f"{folder}: no model.py (the task's reference is needed to re-check); copy the task's "
                           "model.py into the folder")
     backend = compiler = None
-    meta = folder / STATE_DIR / "workspace.json"
+    meta = f"{STATE_DIR}/workspace.json"
     task_id = folder.resolve().name
-    if meta.is_file():
+    if tree.lstat(meta) is not None:
         try:
-            d = json.loads(meta.read_text())
+            d = json.loads(_read_text(tree, meta))
         except ValueError as exc:
-            raise ConfigError(f"{meta}: not valid JSON ({exc}); remove it to re-check with the defaults") from None
+            raise ConfigError(f"{folder / meta}: not valid JSON ({exc}); remove it to re-check with the "
+                              "defaults") from None
         backend, compiler = d.get("backend"), d.get("compiler")
         task_id = d.get("task_id") or task_id
     files = snapshot_files(folder)
-    task = Task(id=task_id, source="user", code=(folder / "model.py").read_text(), name="model.py")
+    task = Task(id=task_id, source="user", code=_read_text(tree, "model.py"), name="model.py")
     return task, files, backend, compiler
+
+
+def refused_answer(kind: str, refused: list[str]) -> dict:
+    """The tool's answer for a folder that is not judged (nothing of it built or run)."""
+    from cuda_agent.core.types import CandidateOutcome, CompileResult, FailureCategory, VerifyResult
+
+    from .agent_text import request_answer
+
+    c = CompileResult(ok=False, errors=list(refused[:8]))
+    out = CandidateOutcome(compile=c, verify=VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR,
+                                                          message=f"not built or run: {refused[0]}"))
+    return request_answer(kind, {"outcome": out, "reward": None, "reused": []})
 
 
 def _executor(cfg: Any, backend: str, pm: Any) -> Any:
@@ -126,6 +180,11 @@ def recheck(path: Path, kind: str, cfg: Any) -> dict:
     from .service import WorkspaceService
 
     folder = solution_folder(path)
+    refused = solution_refusals(folder)
+    if refused:  # links and the like: refused with their rule, as the agent's own verify tool does
+        answer = refused_answer(kind, refused)
+        answer.update(folder=str(folder), backend=str(cfg.get("backend", "auto")), compiler="not built")
+        return answer
     task, files, backend, compiler = read_solution(folder)
     wanted = detect_backend(str(cfg.get("backend", "auto")) if backend is None else backend)
     if backend == "cuda" and detect_backend("auto") != "cuda":
