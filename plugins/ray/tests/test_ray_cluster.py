@@ -8,7 +8,8 @@ one-line messages as with the ``cpu`` executor; builds run as cluster tasks and 
 are measured once for the cluster; killing the second node's raylet in the middle of a job
 fails that job (``node_loss: fail``) or runs it again on the head (``retry``) while
 finished jobs keep their results; ``eval --solutions`` through ``ray`` equals one through
-``cpu``. The cluster's processes are ended by PID at the end.
+``cpu``. The cluster's processes are ended by PID at the end. The cluster starts and works
+beside a stray Ray token in the home folder (``conftest.py``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ LIGHT = {"spares": 0, "preload": [], "warm_plugins": False}  # workers that star
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(foreign_home):
     c = LocalCluster(head_resources={SLOT: 1})
     c.start()
     try:
         c.add_node({SLOT: 1})
-        yield c
+        with pytest.MonkeyPatch.context() as mp:  # this process is one of the cluster's clients
+            for key, value in c.client_env.items():
+                mp.setenv(key, value)
+            yield c
     finally:
         c.stop()
     for node in c.nodes:  # every process the cluster started is gone

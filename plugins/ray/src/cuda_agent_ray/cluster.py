@@ -2,7 +2,11 @@
 
 * :func:`connect` joins a cluster (``auto``, ``host:port``, ``ray://host:port``) or starts
   one in this process (empty address), once per process; :func:`release` ends a connection
-  this module opened when its last user is done.
+  this module opened when its last user is done. A cluster started here uses token
+  authentication with a token of its own, held in this process's environment while it runs
+  (:func:`_private_token`): nothing is written to the user's home (Ray's default would leave
+  ``~/.ray/auth_token``, which later clusters on the machine pick up). A token or
+  ``RAY_AUTH_MODE`` the user set is used as it is.
 * A *slot* is one GPU of a node (or, for the ``cpu`` backend, one unit of a custom
   resource): :func:`node_slots` counts them per live node, :func:`slot_name` names the
   slot actor of each, so every client of the cluster finds the same actor for the same
@@ -13,7 +17,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
+from pathlib import Path
 from typing import Any
 
 from cuda_agent.core.errors import ConfigError
@@ -24,6 +31,7 @@ HEAD_RESOURCE = "node:__internal_head__"
 _lock = threading.Lock()
 _users = 0
 _opened_here = False
+_set_here: dict[str, str] = {}  # environment variables _private_token set, removed by release()
 
 
 def import_ray() -> Any:
@@ -55,9 +63,11 @@ def connect(address: str, namespace: str, node_ip_address: str = "", local_resou
                     kw["resources"] = dict(local_resources)
                 if local_gpus is not None:
                     kw["num_gpus"] = local_gpus
+                _private_token()
             try:
                 ray.init(address=target, **kw)
             except ConnectionError as exc:
+                _drop_private_token()
                 raise ConfigError(
                     f"executor ray: no Ray cluster at {address!r} ({str(exc).splitlines()[0][:200]}); start one with "
                     "`ray start --head` or set executor.options.address") from None
@@ -94,6 +104,46 @@ def release() -> None:
         if _users == 0 and _opened_here and ray.is_initialized():
             ray.shutdown()
             _opened_here = False
+            _drop_private_token()
+
+
+def _user_token() -> bool:
+    """Whether the user chose Ray's authentication: a mode, a token or a token file."""
+    env = os.environ
+    if env.get("RAY_AUTH_MODE") or env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return True
+    return (Path.home() / ".ray" / "auth_token").exists()
+
+
+def _reset_token_cache() -> None:
+    """Ray's cached configuration and token read again from the environment."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except Exception:  # noqa: BLE001 - an older Ray without token authentication
+        pass
+
+
+def _private_token() -> None:
+    """A token of its own for the cluster about to start here, in this process's environment
+    (inherited by the cluster's processes; ``ray.init`` then turns token authentication on
+    and finds the token, so it writes none), unless the user chose otherwise."""
+    if _user_token():
+        return
+    _set_here.update(RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_AUTH_MODE="token")
+    os.environ["RAY_AUTH_TOKEN"] = _set_here["RAY_AUTH_TOKEN"]
+    _reset_token_cache()
+
+
+def _drop_private_token() -> None:
+    for key, value in list(_set_here.items()):
+        if os.environ.get(key) == value:
+            del os.environ[key]
+    if _set_here:
+        _set_here.clear()
+        _reset_token_cache()
 
 
 def alive_nodes(ray: Any) -> list[dict]:

@@ -9,6 +9,12 @@ kills one node's raylet, which is how a node is lost.
 
 ``fast_failure_detection`` makes the head declare a silent node dead after about 1.5 s
 (instead of Ray's default of about 15 s).
+
+The cluster depends on nothing the user's home or environment holds: its nodes run with a
+home folder of their own under the cluster's temporary folder, no ``RAY_ADDRESS`` and no
+token from the user (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN*``), and token authentication
+off (``RAY_AUTH_MODE=disabled``: the nodes listen on loopback addresses only). Its clients
+get the same settings from :attr:`LocalCluster.client_env`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from pathlib import Path
 
 FAST_FAILURE = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
 READY_LINE = "will now block forever"
+# the user's Ray settings that would reach the cluster's nodes through the environment
+_USER_RAY_SETTINGS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")  # RAY_AUTH_TOKEN_PATH too
 
 
 def free_port() -> int:
@@ -109,9 +117,17 @@ class LocalCluster:
         self.nodes: list[Node] = []
         self._next_ip = 2
         self._worker_base = random.randrange(20000, 50000, 1000)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-        self.env["RAY_USAGE_STATS_ENABLED"] = "0"
+        self.home = self.root / "home"
+        self.home.mkdir()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(_USER_RAY_SETTINGS)}
+        self.env.update(HOME=str(self.home), RAY_USAGE_STATS_ENABLED="0", **self.client_env)
         self._head = dict(resources=head_resources or {}, cpus=head_cpus, gpus=head_gpus)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What a process connecting to this cluster must have in its environment (and nothing
+        of :data:`_USER_RAY_SETTINGS` besides)."""
+        return {"RAY_AUTH_MODE": "disabled"}
 
     @property
     def address(self) -> str:
