@@ -161,25 +161,42 @@ def test_server_killed_mid_rollout_is_an_infrastructure_error(servers, vllm_tiny
     tasks = factory.tasks(8, random.Random(0))
     victim = servers[1]
 
+    killed, rollout_done, errors = threading.Event(), threading.Event(), []
+
     def kill_when_busy():  # as soon as the victim is generating for the rollout
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = httpx.get(victim.root + "/metrics", timeout=10).text
-            running = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                          if x.startswith("vllm:num_requests_running"))
-            if running > 0:
-                victim.kill()
-                return
-            time.sleep(0.05)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not rollout_done.is_set():
+                try:
+                    text = httpx.get(victim.root + "/metrics", timeout=10).text
+                except httpx.TransportError:  # a busy host: ask again
+                    time.sleep(0.05)
+                    continue
+                running = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                              if x.startswith("vllm:num_requests_running"))
+                if running > 0:
+                    victim.kill()
+                    killed.set()
+                    return
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(repr(exc))
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
-    res = collect(tasks, pol, lambda t, i: factory.make(t, None), AgentOptions(
-        max_turns=1, context_tokens=4096, max_tokens_per_turn=400, sampling={"temperature": 1.0}),
-        concurrency=8, show_progress=False)
-    killer.join()
-    factory.close()
-    assert not victim.alive()
+    try:
+        res = collect(tasks, pol, lambda t, i: factory.make(t, None), AgentOptions(
+            max_turns=1, context_tokens=4096, max_tokens_per_turn=400, sampling={"temperature": 1.0}),
+            concurrency=8, show_progress=False)
+    finally:
+        rollout_done.set()
+        killer.join()
+        factory.close()
+    assert killed.is_set(), errors or "the victim never had a request running during the rollout"
+    deadline = time.monotonic() + 30  # its end, waited for (a killed process is reaped, not gone at once)
+    while victim.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not victim.alive() and victim.group_gone(), f"the killed server on port {victim.port} still runs"
     on_victim = [t for t in res.trajectories if pol.server_for(t.prompt_ids) == victim.url]
     assert 0 < len(on_victim) < len(tasks)
     kept, dropped = drop_infra_errors(res.trajectories)
