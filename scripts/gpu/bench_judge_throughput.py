@@ -174,7 +174,11 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                "profile": float(p.seconds if p else 0.0),
                "speedup_vs_eager": p.speedup_vs_eager() if p and p.ok else None,
                "speedup_vs_compile": p.speedup_vs_compile() if p and p.ok else None,
-               "prebuilt": (v.metadata or {}).get("prebuilt", ""), "extensions": (v.metadata or {}).get("extensions", "")}
+               "prebuilt": (v.metadata or {}).get("prebuilt", ""), "extensions": (v.metadata or {}).get("extensions", ""),
+               # how the candidate's outputs came (device memory or host memory, and why) and
+               # whether its candidate process was warm (made ahead of the job) or started for it
+               "output_transfer": str((v.metadata or {}).get("output_transfer", "")),
+               "candidate_process": str((v.metadata or {}).get("candidate_process", ""))}
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
             rows.append(row)
@@ -238,6 +242,12 @@ def main() -> None:
               f"{r['wall']:.0f} | {r['workers']} | {r['per_min_per_gpu']:.2f} | {r['gpu_busy']:.0%} | "
               f"{med(rows, 'build'):.1f} | {med(rows, 'load'):.1f} | {med(rows, 'verify'):.1f} | {med(rows, 'profile'):.1f} | "
               f"{med(rows, 'waiting'):.1f} |")
+    for r in runs:  # the outputs' way and the candidate processes' start, per path
+        ways = statistics.multimode([x["output_transfer"].split(" (")[0] or "-" for x in r["rows"]] or ["-"])
+        n_warm = sum(1 for x in r["rows"] if x["candidate_process"].startswith("warm"))
+        slow = [x for x in r["rows"] if x["load"] > 1.0]
+        print(f"{r['path']}: outputs mostly via {', '.join(ways)}; warm candidate processes {n_warm}/{len(r['rows'])}; "
+              f"load over 1 s: {len(slow)} ({', '.join(sorted({x['candidate_process'][:60] for x in slow})) or '-'})")
     if len(runs) == 2:
         a = {x["task"]: x for x in runs[0]["rows"]}
         b = {x["task"]: x for x in runs[1]["rows"]}
