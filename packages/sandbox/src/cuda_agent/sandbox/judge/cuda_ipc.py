@@ -40,6 +40,7 @@ _ACCESS_READWRITE = 0x3
 _GRANULARITY_MINIMUM = 0x0
 _ATTR_VMM_SUPPORTED = 102  # CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 _ATTR_POSIX_FD_SUPPORTED = 103  # CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+_POINTER_DEVICE_ORDINAL = 9  # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 
 
 class _Handle(ctypes.Structure):
@@ -120,6 +121,7 @@ def _libs() -> tuple[Any, Any]:
             drv.cuMemImportFromShareableHandle.argtypes = [p(u64), ctypes.c_void_p, ctypes.c_int]
             drv.cuMemGetAllocationPropertiesFromHandle.argtypes = [p(_AllocProp), u64]
             drv.cuMemcpyDtoD_v2.argtypes = [u64, u64, sz]
+            drv.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, u64]
             drv.cuCtxSynchronize.argtypes = []
             _rt, _drv = rt, drv
     return _rt, _drv
@@ -178,8 +180,18 @@ def export(ptr: int) -> tuple[bytes, int, int]:
     return handle_bytes(h), ptr - base, size
 
 
-def open_handle(handle: bytes) -> tuple[int, int]:
-    """Map another process's allocation: (base pointer here, its size)."""
+def device_of(ptr: int) -> int:
+    """The ordinal of the device whose memory ``ptr`` is."""
+    _, drv = _libs()
+    v = ctypes.c_int(-1)
+    _drv_check(drv.cuPointerGetAttribute(ctypes.byref(v), _POINTER_DEVICE_ORDINAL, ctypes.c_uint64(ptr)),
+               "cuPointerGetAttribute")
+    return int(v.value)
+
+
+def open_handle(handle: bytes, device: int | None = None) -> tuple[int, int]:
+    """Map another process's allocation: (base pointer here, its size); with ``device``,
+    only memory of that device (a handle of a peer GPU's memory is refused)."""
     h = handle_from_bytes(handle)
     rt, _ = _libs()
     p = ctypes.c_void_p(0)
@@ -193,6 +205,15 @@ def open_handle(handle: bytes) -> tuple[int, int]:
     if got_base != base:
         close_handle(base)
         raise IpcError("the mapped allocation does not start where it was mapped")
+    if device is not None:
+        try:
+            where = device_of(base)
+        except IpcError:
+            close_handle(base)
+            raise
+        if where != device:
+            close_handle(base)
+            raise IpcError(f"the shared memory is on device {where}, not {device}")
     return base, size
 
 

@@ -280,9 +280,10 @@ def _from_ipc(spec: dict, nbytes: int, dev: Any) -> Any:
     offset = spec.get("offset")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise WireError("malformed IPC offset")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
     with torch.cuda.device(dev):
         try:
-            base, size = cuda_ipc.open_handle(handle)
+            base, size = cuda_ipc.open_handle(handle, index)
         except cuda_ipc.IpcError as exc:
             raise TransferError(f"cannot map the candidate's output: {exc}", "cuda_ipc") from None
         try:
