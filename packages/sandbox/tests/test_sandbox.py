@@ -524,5 +524,6 @@ def test_a_full_tmp_is_named_not_the_workspace(kind, ws):
         assert "No space left on device" in r.output and "[sandbox] the workspace is full" not in r.output, r.output
         if kind == "docker":
             assert "[sandbox] /var/tmp is full: it holds at most 16 MB" in r.output, r.output
-        else:  # the command's private file systems ended with it
-            assert "a file system other than the workspace is full" in r.output, r.output
+        else:  # the command's private file systems ended with it: the limits are named
+            assert "no space left on device: the workspace holds at most 48 MB" in r.output, r.output
+            assert "/tmp, /var/tmp and /dev/shm hold at most 16 MB each" in r.output, r.output

@@ -45,7 +45,7 @@ from .disk_watchdog import DiskWatchdog
 from .image import DEFAULT_IMAGE, docker_client, image_exists
 from .layout import apply_layout, is_root
 from .output import collect
-from .results import CommandResult, SandboxError, command_end_messages, limit_messages
+from .results import CommandResult, SandboxError, command_end_messages, limit_messages, workspace_ran_out
 from .tracking import TrackedProcesses
 from .uids import UidLease, acquire_uid, release_uid
 
@@ -119,6 +119,7 @@ class DockerProcess:
         self._wfd = wfd
         self._returncode: int | None = None
         self._closing = False
+        self.scratch_full: list | None = None  # the full scratch file systems after the last command
         self.pid = None
         self._fired_seen = session.watchdog.fired if hasattr(session, "watchdog") else 0
         self._t = threading.Thread(target=self._pump, daemon=True)
@@ -207,7 +208,9 @@ class DockerProcess:
     def end_command(self, output: str) -> str:
         """Stop what the last command of this process (the agent's persistent shell) left
         running; the lines that tell the agent so (see DockerSession.reap_notes)."""
-        return self.session.reap_notes(self.session.reap(self, whole=False), output)
+        info = self.session.reap(self, whole=False)
+        self.scratch_full = None if info is None else list(info.get("full") or [])
+        return self.session.reap_notes(info, output)
 
     def kill(self) -> None:
         self._closing = True
@@ -376,7 +379,9 @@ class DockerSession(TrackedProcesses, SandboxSession):
         o = self.options
         notes += limit_messages(timed_out, timeout, killed_for_disk, o.disk_mb, o.file_size_mb,
                                 file_too_large=code in (128 + 25, -25),
-                                disk_full=self.disk_fs != "none" and diskfs.is_full(self.workspace),
+                                disk_full=self.disk_fs != "none" and workspace_ran_out(
+                                    output, diskfs.is_full(self.workspace),
+                                    None if info is None else list(info.get("full") or [])),
                                 out_of_memory=f"the sandbox has {o.memory_mb} MB" if code == 137 and not timed_out else None)
         notes = [n for n in notes if n]
         if notes:

@@ -46,7 +46,7 @@ from . import diskfs
 from .disk_watchdog import DiskWatchdog
 from .layout import apply_layout, is_root
 from .output import collect
-from .results import CommandResult, SandboxError, command_end_messages, limit_messages
+from .results import CommandResult, SandboxError, command_end_messages, limit_messages, workspace_ran_out
 from .sweeps import (kill_namespace, namespace_members, pid_in_namespace, pid_namespace, processes_of_uid,
                      session_members, stop_and_kill, sweep_uid)
 from .tracking import TrackedProcesses
@@ -92,6 +92,7 @@ class SandboxProcess:
         # command started, whatever process group, session or parent-death signal it chose
         self.pid_ns = _child_namespace(popen) if session.mode == "user" else None
         self._fired_seen = session.watchdog.fired
+        self.scratch_full: list | None = None  # the full scratch file systems after the last command
 
     def poll(self) -> int | None:
         return self._p.poll()
@@ -288,13 +289,16 @@ class LocalSession(TrackedProcesses, SandboxSession):
                 proc.kill()
                 code = None
         self._forget(proc)
-        full = self.disk_fs != "none" and diskfs.is_full(self.workspace)
+        bounded = self.disk_fs != "none"
+        full = bounded and workspace_ran_out(output, diskfs.is_full(self.workspace), [] if self.mode != "user" else None)
         notes = self.explain(code, timed_out, timeout, killed_for_disk, disk_full=full)
         if "No space left on device" in output and not full and self.mode == "user":
-            # the command's private scratch file systems ended with it: which one is unknown
+            # the command's private scratch file systems ended with it: which one ran out is unknown
+            o = self.options
+            room = f"the workspace holds at most {o.disk_mb} MB (preallocated space counts), " if bounded else ""
             notes = "\n".join(filter(None, [notes, (
-                f"[sandbox] a file system other than the workspace is full: /tmp, /var/tmp and /dev/shm "
-                f"hold at most {self.options.tmp_mb} MB each")]))
+                f"[sandbox] no space left on device: {room}/tmp, /var/tmp and /dev/shm hold at most {o.tmp_mb} MB "
+                "each; delete large files to go on")]))
         if notes:
             output = (output.rstrip("\n") + "\n" if output else "") + notes
         return CommandResult(exit_code=code, output=output, timed_out=timed_out, seconds=time.monotonic() - t0)
@@ -318,13 +322,14 @@ class LocalSession(TrackedProcesses, SandboxSession):
         if survivors:
             self.notes.append(f"processes {survivors} a command left outlived SIGKILL")
         limit, held, full = None, 0, []
+        proc.scratch_full = [] if self.mode != "user" else None  # without namespaces /tmp is the workspace's
         if self.mode == "user" and self.lease is not None:
             limit = self.options.nproc
             mine = set(namespace_members(proc.pid_ns)) if proc.pid_ns else set()
             held = len([p for p in processes_of_uid(self.lease.uid) if p not in mine])
             init = next((p for p in mine if pid_in_namespace(p) == 1), None)
             if init is not None:
-                full = _full_scratch(init, self.options.tmp_mb)
+                full = proc.scratch_full = _full_scratch(init, self.options.tmp_mb)
         return "\n".join(command_end_messages(stopped, output, limit, held, full))
 
     def explain(self, code: int | None, timed_out: bool, timeout: float, killed_for_disk: bool = False,

@@ -45,6 +45,14 @@ def limit_messages(timed_out: bool, timeout: float, killed_for_disk: bool, disk_
     return msgs
 
 
+def workspace_ran_out(output: str, workspace_full: bool, scratch_full: list | None) -> bool:
+    """Whether the workspace's file system is the one a command ran out of: it is (almost)
+    full, or the command hit "No space left on device" while no scratch file system is full
+    (``scratch_full``: those that are; None when unknown) — a preallocation larger than the
+    room left fails without filling it."""
+    return workspace_full or ("No space left on device" in output and scratch_full is not None and not scratch_full)
+
+
 def hit_process_limit(output: str) -> bool:
     """Whether a command's output says a process could not be started for the process limit."""
     return "fork: " in output and "Resource temporarily unavailable" in output

@@ -10,7 +10,7 @@ from typing import Any
 
 from .diskfs import is_full as diskfs_full
 from .layout import adopt_files
-from .results import SandboxError, limit_messages
+from .results import SandboxError, limit_messages, workspace_ran_out
 from .uids import UidLease
 
 
@@ -53,8 +53,9 @@ class TrackedProcesses:
         killed = fired != getattr(proc, "_fired_seen", fired)
         proc._fired_seen = fired
         # the workspace's own file system, not any full one ("No space left on device" in the
-        # output may be /tmp's: end_command names that)
-        full = getattr(self, "disk_fs", "none") != "none" and diskfs_full(self.workspace)
+        # output may be /tmp's: end_command found which scratch file systems are full)
+        full = getattr(self, "disk_fs", "none") != "none" and workspace_ran_out(
+            output, diskfs_full(self.workspace), getattr(proc, "scratch_full", None))
         return "\n".join(limit_messages(False, 0, killed, o.disk_mb, o.file_size_mb, False, None, disk_full=full))
 
     def _adopt(self) -> None:
