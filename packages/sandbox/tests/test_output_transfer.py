@@ -16,8 +16,8 @@ from cuda_agent.sandbox.judge.session import JudgeSession  # noqa: E402
 
 
 def test_the_trusted_side_names_the_ways_it_accepts():
-    assert tensors.Exporter(True).ways == ["cuda_fd", "cuda_ipc"]
-    assert tensors.Exporter(["cuda_ipc", "pickle"]).ways == ["cuda_ipc"]  # unknown ways are never taken
+    assert tensors.Exporter(True).ways == ["cuda_ipc", "cuda_fd"]
+    assert tensors.Exporter(["cuda_fd", "pickle"]).ways == ["cuda_fd"]  # unknown ways are never taken
     assert tensors.Exporter([]).ways == [] and tensors.Exporter(False).ways == []
     assert not tensors.Exporter([]).allow_ipc
 
@@ -66,8 +66,12 @@ def test_the_result_names_the_way_and_why_host_memory_was_used():
     assert s.meta["output_transfer"] == "device memory (shared as a file descriptor) (cuda_fd)"
     s = _recorder("cuda:0")
     s.ipc = []
-    s._transfer({"t": "tensor", "via": "memfd"}, ["cuda_fd: cannot map", "cuda_ipc: cannot map"])
-    assert s.meta["output_transfer"] == "host memory (cuda_fd: cannot map; cuda_ipc: cannot map)"
+    s._transfer({"t": "tensor", "via": "memfd"}, ["cuda_ipc: cannot map", "cuda_fd: cannot map"])
+    assert s.meta["output_transfer"] == "host memory (cuda_ipc: cannot map; cuda_fd: cannot map)"
+    s = _recorder("cuda:0")
+    s._transfer({"t": "tensor", "via": "cuda_fd"}, ["cuda_ipc: cannot map"])
+    assert s.meta["output_transfer"] == ("device memory (shared as a file descriptor) (cuda_fd) "
+                                         "(after cuda_ipc: cannot map)")
     s = _recorder("cuda:0")
     s._transfer({"t": "tensor", "via": "memfd", "ipc_error": "cuda_fd: no VMM; cuda_ipc: refused"}, [])
     assert s.meta["output_transfer"] == "host memory (the candidate process: cuda_fd: no VMM; cuda_ipc: refused)"

@@ -1,6 +1,11 @@
 """CUDA outputs shared between the candidate process and the trusted process, through the
-CUDA driver torch loaded (ctypes). Two ways, tried in this order:
+CUDA driver torch loaded (ctypes). Two ways, tried in this order (the trusted side drops a way
+that fails to map for the rest of the job):
 
+* ``cuda_ipc``: a legacy CUDA IPC handle (``cudaIpcGetMemHandle``, 64 bytes) of the
+  allocation that holds the output, with the offset; the trusted side maps it, checks the
+  mapped allocation's size (``cuMemGetAddressRange``) and
+  that it lies on the job's device before reading from it. No copy in the candidate process.
 * ``cuda_fd``: the candidate process copies an output into a buffer of its own made with
   the driver's virtual memory API (``cuMemCreate``, exportable as a POSIX file descriptor),
   exports it (``cuMemExportToShareableHandle``) and passes the descriptor beside the reply
@@ -9,10 +14,7 @@ CUDA driver torch loaded (ctypes). Two ways, tried in this order:
   exactly the output's size rounded up to the driver's granularity (the driver refuses a
   mapping past the end of the allocation), copies the bytes into its own memory and unmaps
   it. Nothing crosses but a descriptor of memory the candidate process owns: it works across
-  PID namespaces and user ids.
-* ``cuda_ipc``: a legacy CUDA IPC handle (``cudaIpcGetMemHandle``, 64 bytes) of the
-  allocation that holds the output, with the offset; the trusted side maps it, checks the
-  mapped allocation's size (``cuMemGetAddressRange``) before reading from it.
+  PID namespaces and user ids, where a legacy handle may not open.
 
 Neither way lets the candidate make the trusted side read past the output: sizes are the
 trusted side's own (from the output's shape and dtype) and the driver checks them against

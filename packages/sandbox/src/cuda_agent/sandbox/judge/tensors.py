@@ -7,13 +7,13 @@ A value is a nested description: ``{"t": "tensor", ...}``, ``{"t": "list"|"tuple
 * ``"via": "memfd"``: a sealed memory file (its descriptor beside the message; the
   candidate can no longer change it once sealed), for tensors on the CPU and as the
   fallback for CUDA tensors;
+* ``"via": "cuda_ipc"``: a CUDA IPC handle of the allocation that holds it, with the
+  offset; the trusted side maps it, checks the allocation is large enough, copies the bytes
+  into its own memory and unmaps it;
 * ``"via": "cuda_fd"``: a buffer of device memory the candidate process copied the tensor
   into, its POSIX descriptor beside the message (:mod:`.cuda_ipc`); the trusted side maps
   exactly the tensor's size of it (the driver refuses more than the buffer holds), copies
-  the bytes into its own memory and unmaps it;
-* ``"via": "cuda_ipc"``: a CUDA IPC handle of the allocation that holds it, with the
-  offset; the trusted side maps it, checks the allocation is large enough, copies the bytes
-  into its own memory and unmaps it.
+  the bytes into its own memory and unmaps it.
 
 The trusted side names the ways it accepts for CUDA tensors (``DEVICE_WAYS``, the first
 that works is taken); a tensor that none of them could carry says why (``ipc_error``).
@@ -38,7 +38,7 @@ MAX_DEPTH = 8
 MAX_ITEMS = 4096
 MAX_DIMS = 16
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-DEVICE_WAYS = ("cuda_fd", "cuda_ipc")  # CUDA tensors that stay in device memory, best first
+DEVICE_WAYS = ("cuda_ipc", "cuda_fd")  # CUDA tensors that stay in device memory, best first
 WAY_NAMES = {"cuda_fd": "device memory (shared as a file descriptor)", "cuda_ipc": "device memory (CUDA IPC handle)",
              "memfd": "host memory"}
 
