@@ -290,7 +290,8 @@ class LocalSession(TrackedProcesses, SandboxSession):
                 code = None
         self._forget(proc)
         bounded = self.disk_fs != "none"
-        full = bounded and workspace_ran_out(output, diskfs.is_full(self.workspace), [] if self.mode != "user" else None)
+        scratch_known = [] if self.mode != "user" else None  # without namespaces /tmp is the workspace's
+        full = bounded and workspace_ran_out(output, diskfs.is_full(self.workspace), scratch_known)
         notes = self.explain(code, timed_out, timeout, killed_for_disk, disk_full=full)
         if "No space left on device" in output and not full and self.mode == "user":
             # the command's private scratch file systems ended with it: which one ran out is unknown

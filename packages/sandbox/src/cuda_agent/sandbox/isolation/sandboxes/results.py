@@ -69,7 +69,8 @@ def command_end_messages(stopped: int, output: str, process_limit: int | None, h
         msgs.append(f"[sandbox] the command left {stopped} processes running; they were stopped (a command's "
                     "processes end with it: start long-running work as a background job, run_in_background)")
     if process_limit is not None and hit_process_limit(output):
-        held = f"; the session's background jobs hold {held_by_jobs} of them (kill_job ends one)" if held_by_jobs else ""
+        held = (f"; the session's background jobs hold {held_by_jobs} of them (kill_job ends one)"
+                if held_by_jobs else "")
         msgs.append(f"[sandbox] the process limit was reached: the sandbox runs at most {process_limit} processes"
                     f"{held}")
     for path, size in full:
