@@ -33,3 +33,146 @@ def test_timeouts_scale_with_the_tasks_eager_time_once_known(tmp_path: Path):
 def test_one_place_names_each_backends_default_compiler():
     assert default_compiler("cpu") == DEFAULT_COMPILER["cpu"] == "gxx"
     assert default_compiler("cuda") == default_compiler("auto") == "cpp_extension"
+
+
+# --- cheap refusals first, baselines only when needed, hopeless candidates bounded -----------
+
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_verify_support import hooked_relu_new, make_workspace, relu_new  # noqa: E402
+
+from cuda_agent.core.types import FailureCategory  # noqa: E402
+from cuda_agent.sandbox.judge import jobs  # noqa: E402
+from cuda_agent.sandbox.judge.baselines import BaselineCache  # noqa: E402
+
+FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 50}
+# a loop of real work in forward: about `ms` milliseconds of float sums on the first `calls` calls
+SLOW = ("import time as _time\n_calls = [0]\n\ndef _busy(ms):\n    _t, _acc = _time.perf_counter(), 0.0\n"
+        "    while (_time.perf_counter() - _t) * 1e3 < ms:\n        _acc += sum(float(i) for i in range(200))\n"
+        "    return _acc\n")
+OFF = "\ndef _off(x):\n    y = torch.empty_like(x)\n    kernels.relu_off(x, y, x.numel())\n    return y\n"
+
+
+def slow_relu(ms: float, calls: int = 10 ** 9, wrong_after: int = 0) -> str:
+    """The g++ ReLU that spends ``ms`` of real work on each of its first ``calls`` calls and,
+    with ``wrong_after``, returns a wrong output from that call on."""
+    ret = "y" if not wrong_after else f"(y if _calls[0] <= {wrong_after} else _off(x))"
+    return hooked_relu_new(SLOW + OFF, f"_calls[0] += 1\n        _busy({ms}) if _calls[0] <= {calls} else None", ret)
+
+
+def _profile_options(cache: Path, **kw) -> dict:
+    return {"baseline_cache_dir": str(cache), "profiler_options": dict(FAST), "compile_baseline": False, **kw}
+
+
+def test_a_static_refusal_comes_before_the_build_and_the_baselines(tmp_path: Path):
+    from cuda_agent.sandbox.executors import CpuExecutor
+
+    # computes through the reference (rule static.reference-model)
+    ws = make_workspace(tmp_path, build=False, model_new=hooked_relu_new("from model import Model"))
+    root, cache = Path(ws.root), tmp_path / "cache"
+    ex = CpuExecutor()
+    judge = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline"), ex, backend="cpu")
+    try:
+        out = judge.judge(root)
+        assert out.compile is None  # nothing was built
+        v = out.verify
+        assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP and "rule static.reference-model" in v.message, \
+            v.message
+        assert v.metadata["checked_before_build"] is True and set(v.metadata["phase_seconds"]) == {"static_checks"}
+        assert not (root / ".cuda_agent" / "build").exists() or not any((root / ".cuda_agent" / "build").rglob("*.so"))
+        assert len(BaselineCache(cache)) == 0 and out.profile is None
+        # the same candidate with the check left to the job: built, then refused there
+        late = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline", refusals_first=False),
+                     ex, backend="cpu")
+        out2 = late.judge(root)
+        assert out2.compile is not None and out2.compile.ok
+        assert out2.verify.failure is FailureCategory.FORBIDDEN_OP and "checked_before_build" not in out2.verify.metadata
+        assert out2.verify.message == v.message
+    finally:
+        judge.close()
+        ex.close()
+
+
+def test_baselines_are_measured_only_for_a_candidate_that_verified(tmp_path: Path):
+    ws = make_workspace(tmp_path)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    vopts = jobs.VerifyOptions(seed=5)
+    (root / "model_new.py").write_text(relu_new("relu_off"))  # wrong
+    v, p = jobs.evaluate_workspace(str(root), "cpu", vopts, jobs.ProfileOptions(**_profile_options(cache)))
+    assert not v.ok and v.failure is FailureCategory.WRONG_RESULT and p is None
+    assert len(BaselineCache(cache)) == 0  # no baseline for a candidate that failed
+    (root / "model_new.py").write_text(relu_new("relu"))
+    v, p = jobs.evaluate_workspace(str(root), "cpu", vopts, jobs.ProfileOptions(**_profile_options(cache)))
+    assert v.ok and p.ok, (v.message, p.message if p else None)
+    assert "after verification" in v.metadata["baselines_measured"] and p.metadata["baseline_cache"] == "miss"
+    assert len(BaselineCache(cache)) == 1 and p.metadata["spot_check"] == "passed"
+    # the old order: baselines first, whatever the verdict
+    old = tmp_path / "old-cache"
+    (root / "model_new.py").write_text(relu_new("relu_off"))
+    v, p = jobs.evaluate_workspace(str(root), "cpu", vopts,
+                                   jobs.ProfileOptions(**_profile_options(old, defer_baselines=False)))
+    assert not v.ok and len(BaselineCache(old)) == 1
+
+
+def test_a_hopeless_first_call_ends_verification_after_one_input_set(tmp_path: Path):
+    ws = make_workspace(tmp_path)
+    root = Path(ws.root)
+    (root / "model_new.py").write_text(slow_relu(700))
+    v = jobs.verify_workspace(str(root), "cpu", jobs.VerifyOptions(seed=7))
+    assert v.ok, v.message
+    stopped = v.metadata["verify_stopped"]
+    assert stopped["inputs_checked"] == 1 and stopped["ratio_vs_reference"] > 20 and stopped["candidate_ms"] >= 700
+    assert "rule verify.hopeless" in stopped["why"] and "first input set" in v.message
+    assert [c.name for c in v.checks if c.name.startswith(("input[", "extra["))] == [c.name for c in v.checks
+                                                                                      if c.name.startswith("input[0]")]
+    assert v.metadata["extra_draws"] == []
+    # honest: every input set and the extra draws
+    (root / "model_new.py").write_text(relu_new("relu"))
+    v = jobs.verify_workspace(str(root), "cpu", jobs.VerifyOptions(seed=7))
+    assert v.ok and "verify_stopped" not in v.metadata and len([c for c in v.checks if c.name.startswith("input[")]) == 5
+    assert v.metadata["extra_draws"] and "first input set" not in v.message
+
+
+def test_a_candidate_slow_only_on_its_first_call_is_verified_in_full(tmp_path: Path):
+    """Slow once (a warm-up, or a candidate hoping to skip the checks): its timed calls are not
+    hopeless, so the job verifies it again on every input set, and a wrong result there is
+    its verdict."""
+    ws = make_workspace(tmp_path)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    popts = jobs.ProfileOptions(**_profile_options(cache))
+    assert "error" not in jobs.prepare_baselines(str(root), "cpu", popts)  # cached: one candidate process a job
+    (root / "model_new.py").write_text(slow_relu(700, calls=1))
+    v, p = jobs.evaluate_workspace(str(root), "cpu", jobs.VerifyOptions(seed=9), popts)
+    assert v.ok and p is not None and p.ok, (v.message, p and p.message)
+    assert "verify_stopped" not in v.metadata and "its first call was hopeless" in v.metadata["verified_in_full_because"]
+    assert len([c for c in v.checks if c.name.startswith("input[")]) == 5 and "timing_stopped" not in p.metadata
+    (root / "model_new.py").write_text(slow_relu(700, calls=1, wrong_after=1))  # right once, then wrong
+    v, p = jobs.evaluate_workspace(str(root), "cpu", jobs.VerifyOptions(seed=9), popts)
+    assert not v.ok and v.failure is FailureCategory.WRONG_RESULT and p is None, v.message
+    assert "verified_in_full_because" in v.metadata
+    # slow on every call: stopped in verification and in the timing, at about its real cost
+    (root / "model_new.py").write_text(slow_relu(700))
+    v, p = jobs.evaluate_workspace(str(root), "cpu", jobs.VerifyOptions(seed=9), popts)
+    assert v.ok and v.metadata["verify_stopped"]["inputs_checked"] == 1
+    assert p.ok and "timed no further" in p.metadata["timing_stopped"]["why"] and p.candidate.median_ms >= 700
+
+
+def test_the_eager_time_for_timeouts_is_read_from_the_baseline_cache(tmp_path: Path):
+    ws = make_workspace(tmp_path, build=False)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    p = jobs.prepare_baselines(str(root), "cpu", jobs.ProfileOptions(**_profile_options(cache)))
+    assert p["meta"]["baseline_cache"] == "miss"
+    judge = Judge(JudgeOptions(profile_options=_profile_options(cache), verify_timeout=300.0, timeout_floor=90.0),
+                  executor=object(), backend="cpu")
+    assert judge.eager_ms(root) == pytest.approx(p["eager"].median_ms)
+    assert 90.0 < judge.timeout(root, 300.0) < 300.0  # known before this Judge ran any job
+    other = Judge(JudgeOptions(profile_options=_profile_options(cache, precision="tf32")), executor=object(), backend="cpu")
+    assert other.eager_ms(root) is None  # recorded under another precision policy
+    off = Judge(JudgeOptions(profile_options=_profile_options(cache), timeouts_from_cache=False), executor=object(),
+                backend="cpu")
+    assert off.eager_ms(root) is None and off.timeout(root, 300.0) == 300.0

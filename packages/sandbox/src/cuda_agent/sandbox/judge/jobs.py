@@ -52,6 +52,8 @@ from .verify import device_info, verify_candidate
 __all__ = [
     "GuardOptions",
     "ProfileOptions",
+    "baselines_cached",
+    "evaluate_workspace",
     "VerifyOptions",
     "measure_baselines",
     "open_session",
@@ -105,6 +107,10 @@ class ProfileOptions:
     # this after its attempts is marked unsteady ("unsteady" in the metadata, the reward's raw
     # "trusted": false): its speedup may be the host's noise (0: never marked)
     trust_spread: float = 0.25
+    # in a job that verifies first (evaluate_workspace): baselines not in the cache are measured
+    # only once the candidate verified, after its process has ended (a new one is started for
+    # the timing); False: measured before verification, whatever its verdict
+    defer_baselines: bool = True
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
@@ -407,6 +413,78 @@ def prepare_baselines(workspace: str, device: str, options: ProfileOptions | dic
     except Exception as exc:
         return {"error": short_exc(exc)}
     return {"eager": eager, "compile": comp, "meta": meta}
+
+
+def baselines_cached(workspace: str, device: str, options: ProfileOptions | dict | None = None) -> bool:
+    """Whether :func:`prepare_baselines` would read the task's baselines from the cache rather
+    than measure them (True also when the baselines are off or cannot be looked up: there is
+    then nothing to put off)."""
+    import torch
+
+    from .baselines import cached_baselines
+    from .session import job_files
+
+    o = _profile_opts(options)
+    if not o.baselines:
+        return True
+    _ws, _cand, ref_path = job_files(workspace, o.candidate, o.reference)
+    try:
+        with workspace_imports(workspace), torch.no_grad():
+            return cached_baselines(ref_path.read_text(), device, _baseline_opts(o, device)) is not None
+    except Exception:  # noqa: BLE001 - the measurement says what is wrong with the reference
+        return True
+
+
+def _stopped(r: Any, key: str) -> bool:
+    return r is not None and isinstance(getattr(r, "metadata", None), dict) and isinstance(r.metadata.get(key), dict)
+
+
+def evaluate_workspace(workspace: str, device: str, vopts: VerifyOptions, popts: ProfileOptions) -> tuple[Any, Any]:
+    """Verify, then (when correct) profile, in one job: one candidate process for both.
+
+    Baselines are measured with no candidate process alive. When the cache has them they are
+    read first; otherwise (``defer_baselines``) only once the candidate verified: its process
+    is ended, the baselines measured, and a new one loads it for the timing, so a candidate
+    that fails verification costs no baseline. A verification stopped after one input set (a
+    hopeless first call, ``verify_stopped``) is done again in full unless the timing found
+    the candidate hopeless too, and that verdict stands. Returns (VerifyResult, ProfileResult or None)."""
+    early = not popts.defer_baselines or baselines_cached(workspace, device, popts)
+    baselines = prepare_baselines(workspace, device, popts) if early else None
+    session = open_session(workspace, device, vopts.candidate, vopts.reference, vopts.drop_privileges)
+    v = p = None
+    try:
+        v = verify_workspace(workspace, device, vopts, session=session)
+        if not getattr(v, "ok", False):
+            return v, None
+        if not early:  # the same snapshot, a new candidate process for the timing
+            ended = session.end_candidate()
+            baselines = prepare_baselines(workspace, device, popts)
+            if isinstance(v.metadata, dict):
+                v.metadata.update({f"job_{k}": x for k, x in ended.items()})
+                v.metadata["baselines_measured"] = "after verification, with no candidate process alive (not in the cache)"
+        p = profile_workspace(workspace, device, popts, baselines=baselines, session=session)
+        if _stopped(v, "verify_stopped") and not (getattr(p, "ok", False) and _stopped(p, "timing_stopped")):
+            v, p = full_verification(workspace, device, vopts, v, p, session)
+        return v, p
+    finally:
+        session.close_into(v, p)
+
+
+def full_verification(workspace: str, device: str, vopts: VerifyOptions, partial: Any, p: Any,
+                      session: Any = None) -> tuple[Any, Any]:
+    """The verification of a candidate whose first call was hopeless but whose timing did not
+    find it so (``partial`` stopped after one input set; ``p`` timed it in full, or failed),
+    done again on every input set: (the full VerifyResult, ``p``) when it passes, (the failed
+    one, None) when not."""
+    import dataclasses
+
+    full = verify_workspace(workspace, device, dataclasses.replace(vopts, hopeless_factor=0.0), session=session)
+    note = (f"verified again in full: its first call was hopeless "
+            f"({partial.metadata['verify_stopped'].get('why', '')}) but its timing "
+            f"{'found its calls not hopeless' if getattr(p, 'ok', False) else 'failed'}")
+    if isinstance(full.metadata, dict):
+        full.metadata["verified_in_full_because"] = note[:500]
+    return (full, p) if full.ok else (full, None)
 
 
 def _category(exc: BaseException) -> FailureCategory:

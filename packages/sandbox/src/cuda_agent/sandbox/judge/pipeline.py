@@ -19,7 +19,9 @@ backend's default compiler (:data:`..compilers.DEFAULT_COMPILER`) are reached th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import os
 import tempfile
 import threading
@@ -102,6 +104,12 @@ class JudgeOptions:
     timeout_floor: float = 90.0  # seconds: worker start, loading, the reference's share
     timeout_calls: int = 60  # candidate calls a job makes, about (draws, warm-up, timed loops)
     hopeless_factor: float = 20.0  # the slowdown against eager past which a candidate is timed no further
+    # a task's eager time is also read from the baseline cache (profile_options'
+    # baseline_cache_dir, else the default one) before its first job
+    timeouts_from_cache: bool = True
+    # the refusals that need neither a build nor a GPU (the judged files, the static checks) are
+    # made here before anything is built; False: only inside the verification job
+    refusals_first: bool = True
 
     def __post_init__(self) -> None:
         if self.compile_in not in ("worker", "inline"):
@@ -170,6 +178,8 @@ class Judge:
         self._lock = threading.Lock()
         self._arch: str | None = None
         self._eager_ms: dict[str, float] = {}  # task (hash of model.py) -> its eager time, from profiles
+        self._task_locks: dict[str, threading.Lock] = {}  # a task's GPU jobs, one at a time until its baselines are known
+        self._partial: dict[str, str] = {}  # workspace -> candidate hash, verified on one input set only (verify_stopped)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -357,12 +367,33 @@ class Judge:
                 if key:
                     self._eager_ms[key] = float(eager.median_ms)
 
+    def eager_ms(self, root: Path) -> float | None:
+        """The task's eager time (ms) when known: from a profile of one of its candidates, or
+        from the baseline cache (``timeouts_from_cache``; read here, on the records' fields)."""
+        key = self._task_key(root)
+        if not key:
+            return None
+        if key not in self._eager_ms and self.options.timeouts_from_cache:
+            from .baselines.cache import cache_for
+
+            p = self.options.profile_options or {}
+            prof = str(p.get("profiler") or ("wallclock" if self.backend == "cpu" else "cuda_events"))
+            try:
+                ms = cache_for(p.get("baseline_cache_dir") or None).eager_ms(
+                    (Path(root) / "model.py").read_text(), str(p.get("precision") or "fp32-strict"),
+                    "cuda_events" if prof == "nsight_compute" else prof)
+            except Exception:  # noqa: BLE001 - an unreadable cache: the configured timeouts stand
+                ms = None
+            if ms:
+                self._eager_ms[key] = ms
+        return self._eager_ms.get(key)
+
     def timeout(self, root: Path, configured: float | None, prebuilt: bool = True) -> float | None:
         """``configured``, or less once the task's eager time is known (see :class:`JudgeOptions`);
         a single file whose extensions were not built ahead keeps the configured one (its build
         runs inside the job)."""
         o = self.options
-        eager = self._eager_ms.get(self._task_key(root)) if o.scale_timeouts and prebuilt else None
+        eager = self.eager_ms(root) if o.scale_timeouts and prebuilt else None
         if eager is None:
             return configured
         scaled = o.timeout_floor + o.timeout_calls * eager / 1e3 * max(1.0, o.hopeless_factor)
@@ -390,15 +421,38 @@ class Judge:
             return VerifyResult(ok=False, failure=FailureCategory.COMPILE_ERROR, message=f"compile failed: {first}")
         o = self.options
         opts = o.verify_options if options is None else options
-        return self._run_job("verify", o.verify_job, root, opts, self.timeout(root, o.verify_timeout, prebuilt),
-                             VerifyResult)
+        v = self._run_job("verify", o.verify_job, root, opts, self.timeout(root, o.verify_timeout, prebuilt),
+                          VerifyResult)
+        with self._lock:
+            if v.ok and isinstance((v.metadata or {}).get("verify_stopped"), dict):
+                self._partial[str(root)] = _candidate_hash(root, opts)
+            else:
+                self._partial.pop(str(root), None)
+        return v
 
-    def profile(self, root: Path, options: dict | None = None, prebuilt: bool = True) -> ProfileResult:
+    def profile(self, root: Path, options: dict | None = None, prebuilt: bool = True,
+                verify_options: dict | None = None) -> ProfileResult:
+        """Time the candidate in ``root``. When its latest verification here stopped after one
+        input set (a hopeless first call) and the timing does not find it hopeless too, it is
+        verified again in full (``verify_options``: that verification's options), and a
+        failure there is this result's."""
         o = self.options
         opts = o.profile_options if options is None else options
         r = self._run_job("profile", o.profile_job, root, opts, self.timeout(root, o.profile_timeout, prebuilt),
                           ProfileResult)
         self._learn(root, r)
+        with self._lock:
+            partial = self._partial.get(str(root))
+        vopts = o.verify_options if verify_options is None else verify_options
+        if partial is not None and not (r.ok and isinstance((r.metadata or {}).get("timing_stopped"), dict)) \
+                and partial == _candidate_hash(root, vopts):
+            v = self.verify(root, options=dict(vopts, hopeless_factor=0.0), prebuilt=prebuilt)
+            if isinstance(r.metadata, dict):
+                r.metadata["verified_in_full"] = "passed" if v.ok else v.message[:500]
+            if not v.ok:
+                return ProfileResult(ok=False, failure=v.failure, message=(
+                    f"verified again in full (its first call was hopeless, its timing did not find it so): {v.message}"),
+                    seconds=r.seconds + v.seconds, metadata={"verify": v.metadata, **(r.metadata or {})})
         return r
 
     def evaluate(self, root: Path, verify_options: dict | None = None, profile_options: dict | None = None,
@@ -436,33 +490,97 @@ class Judge:
             p.setdefault("weights", "auto")
         return v, p
 
+    def precheck(self, root: Path, options: dict | None = None) -> VerifyResult | None:
+        """The refusals of verification that need neither a build nor a GPU (the judged files,
+        the static checks), made here on a snapshot of ``root``: the failed VerifyResult, or
+        None (passed, or a verification job of another kind, whose checks are its own)."""
+        o = self.options
+        if not o.refusals_first or not o.verify_job.startswith(_TASKS):
+            return None
+        from .options import VerifyOptions
+        from .tasks import build_options
+        from .verify import static_refusal
+
+        try:
+            return static_refusal(root, build_options(VerifyOptions, dict(o.verify_options if options is None else options)))
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001 - the verification job checks again and says what is wrong
+            return None
+
+    @contextlib.contextmanager
+    def _first_to_measure(self, root: Path, profile: bool) -> Any:
+        """Around a task's GPU job: while its baselines are not known to be cached, one job of
+        the task at a time, so that they are measured once, by the first of its candidates
+        that needs them; the jobs that waited run side by side once they are known."""
+        if not profile or self.eager_ms(root) is not None:
+            yield
+            return
+        with self._lock:
+            lock = self._task_locks.setdefault(self._task_key(root), threading.Lock())
+        lock.acquire()
+        held = self.eager_ms(root) is None
+        if not held:
+            lock.release()
+        try:
+            yield
+        finally:
+            if held:
+                lock.release()
+
     def judge(self, root: Path, single_file: bool = False, profile: bool = True, one_job: bool = True) -> CandidateOutcome:
-        """Build, verify and (when correct, and ``profile``) profile the candidate in ``root``:
-        a workspace (built first) or a single file (``single_file``: its extensions built
-        ahead when ``prebuild`` is on). ``one_job``: verify and profile in one job."""
+        """Refuse, build, verify and (when correct, and ``profile``) profile the candidate in
+        ``root``: a workspace (built first) or a single file (``single_file``: its extensions
+        built ahead when ``prebuild`` is on). The refusals that need no GPU come before the
+        build (``refusals_first``). ``one_job``: verify and profile in one job."""
         root = Path(root)
         outcome = CandidateOutcome()
         info = None
+        vopts, popts = self.job_options(single_file)
+        early = self.precheck(root, vopts)
+        if early is not None:
+            outcome.verify = early
+            return outcome
         if not single_file:
             outcome.compile = self.build(root)
             if not outcome.compile.ok:
                 return outcome
         elif self.options.prebuild:
             info = self.prebuild(root)
-        vopts, popts = self.job_options(single_file)
         ahead = not single_file or (info is not None and str(info.get("built", "")).startswith("ahead"))
-        both = self.evaluate(root, vopts, popts, split=False, prebuilt=ahead) if one_job and profile else None
-        if both is not None:
-            outcome.verify, outcome.profile = both
-        else:
-            outcome.verify = self.verify(root, outcome.compile, vopts, prebuilt=ahead)
-            if outcome.verify.ok and profile:
-                outcome.profile = self.profile(root, popts, prebuilt=ahead)
+        with self._first_to_measure(root, profile):
+            both = self.evaluate(root, vopts, popts, split=False, prebuilt=ahead) if one_job and profile else None
+            if both is not None:
+                outcome.verify, outcome.profile = both
+            else:
+                outcome.verify = self.verify(root, outcome.compile, vopts, prebuilt=ahead)
+                if outcome.verify.ok and profile:
+                    outcome.profile = self.profile(root, popts, prebuilt=ahead, verify_options=vopts)
+                    if not outcome.profile.ok and isinstance((outcome.profile.metadata or {}).get("verify"), dict):
+                        outcome.verify = VerifyResult(ok=False, failure=outcome.profile.failure,
+                                                      message=outcome.profile.message,
+                                                      metadata=outcome.profile.metadata["verify"])
+                        outcome.profile = None
         if info is not None:
             for r in (outcome.verify, outcome.profile):
                 if r is not None and isinstance(r.metadata, dict):
                     r.metadata["prebuild"] = dict(info)
         return outcome
+
+
+def _candidate_hash(root: Path, verify_options: dict | None) -> str:
+    """What a verification judged in ``root``: its candidate file and kernel sources."""
+    h = hashlib.sha256()
+    root = Path(root)
+    files = [root / str((verify_options or {}).get("candidate") or "model_new.py")]
+    if (root / "kernels").is_dir():
+        files += sorted(p for p in (root / "kernels").rglob("*") if p.is_file())
+    for f in files:
+        try:
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        except OSError:
+            h.update(b"?")
+    return h.hexdigest()
 
 
 __all__ = ["COMPILE_JOB", "DEFAULT_COMPILER", "EVALUATE_JOB", "Judge", "JudgeOptions", "PREBUILD_JOB",

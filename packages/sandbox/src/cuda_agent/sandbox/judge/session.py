@@ -283,6 +283,18 @@ class JudgeSession:
                 text += f" (after {'; '.join(failed + ([why] if why else []))})"
         self.meta["output_transfer"] = text[:400]
 
+    def end_candidate(self) -> dict:
+        """End the candidate process (every process of its user killed and checked) and keep
+        the snapshot: the next :meth:`load` starts a new process on the same files."""
+        info: dict = {}
+        if self.proc is not None:
+            info = self.proc.close()
+            self.meta.update({f"job_{k}": v for k, v in info.items()})
+            self.proc = None
+        self.started = False
+        self.loaded, self.loaded_seed, self.load_reply = False, None, {}
+        return info
+
     def close(self) -> dict:
         info: dict = {}
         if self.proc is not None:

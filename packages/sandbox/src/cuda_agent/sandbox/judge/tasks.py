@@ -59,23 +59,15 @@ def profile(workspace: str, device: str, options: dict | None = None) -> Any:
 def evaluate(workspace: str, device: str, verify_options: dict | None = None,
              profile_options: dict | None = None) -> tuple[Any, Any]:
     """Verify, then (when correct) profile, in one worker: one candidate process and one
-    load of the candidate instead of two. The baselines are measured first, before any
-    candidate code is loaded (a candidate's process could otherwise load the GPU while they
-    are timed). Returns (VerifyResult, ProfileResult or None)."""
+    load of the candidate instead of two. The baselines are measured while no candidate
+    process runs (one could otherwise load the GPU while they are timed): first when cached,
+    else only once the candidate verified (:func:`.jobs.evaluate_workspace`). Returns
+    (VerifyResult, ProfileResult or None)."""
     from cuda_agent.sandbox.judge import jobs
 
     popts = _options(jobs, "ProfileOptions", profile_options)
     vopts = _options(jobs, "VerifyOptions", verify_options)
-    baselines = jobs.prepare_baselines(workspace, device, popts)
-    session = jobs.open_session(workspace, device, vopts.candidate, vopts.reference, vopts.drop_privileges)
-    v = p = None
-    try:
-        v = jobs.verify_workspace(workspace, device, vopts, session=session)
-        if getattr(v, "ok", False):
-            p = jobs.profile_workspace(workspace, device, popts, baselines=baselines, session=session)
-        return v, p
-    finally:
-        session.close_into(v, p)
+    return jobs.evaluate_workspace(workspace, device, vopts, popts)
 
 
 def prebuild(workspace: str, device: str = "cpu", options: dict | None = None) -> Any:

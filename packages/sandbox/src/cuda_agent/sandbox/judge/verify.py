@@ -17,6 +17,12 @@ The steps (:class:`Verification`, one method each; the first that fails decides)
 7. with weights by seed, both models built once more after a second seed and compared;
 
 and last, the candidate process's integrity check of the harness (:mod:`.integrity`).
+
+A candidate whose first call is hopeless (more than ``hopeless_factor`` times the reference's
+call and more than ``hopeless_min_ms``) is checked on that first input set only (steps 4, 5
+and, with fresh seeds, 7 stop; the rule check of step 6 still runs), and ``verify_stopped``
+says why. The static checks need neither a build nor a GPU: :func:`static_refusal` runs them
+where the caller is, before anything is built.
 The reference outputs stay referenced while the candidate runs, so their memory can never
 be handed to it.
 """
@@ -49,7 +55,7 @@ __all__ = [
     "VerifyOptions", "VerifyTimeout", "all_finite", "build_candidate", "build_models", "compare_outputs",
     "compare_tensors", "deadline", "device_info", "extra_draw_inputs", "fill_uninitialized", "fresh_seed",
     "input_seeds", "load_candidate", "load_module", "load_reference", "nudged", "poison_allocator", "reference_scale",
-    "synchronize", "verify_candidate", "workspace_imports",
+    "static_refusal", "synchronize", "verify_candidate", "workspace_imports",
 ]
 
 
@@ -120,6 +126,8 @@ class Verification:
         self.scaled = True  # tiny outputs compared at their own scale (see scale_comparable)
         self.phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
         self.meta["phase_seconds"] = self.phases
+        self.last_call_ms = 0.0  # the trusted side's clock on the candidate's latest call (output transfer included)
+        self.stopped: dict | None = None  # why the checks stopped after one input set (a hopeless first call)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -181,6 +189,9 @@ class Verification:
 
     def passed(self) -> VerifyResult:
         worst = max((c.max_abs_err or 0.0 for c in self.checks), default=0.0)
+        if self.stopped is not None:
+            return self.result(True, FailureCategory.NONE, f"correct on the first input set of {self.opts.num_inputs} "
+                               f"(max abs err {worst:.3g}); {self.stopped['why']}")
         done = sum(1 for e in self.meta.get("extra_draws", []) if e.get("status") == "passed")
         skipped = sum(1 for e in self.meta.get("extra_draws", []) if e.get("status") == "skipped")
         extra = ""
@@ -253,14 +264,39 @@ class Verification:
             except Exception as exc:
                 return self.result(False, FailureCategory.CRASH, f"reference Model failed on {name}: {short_exc(exc)}")
             if i == 0:
+                ref_ms = self.phases.get("reference", 0.0) * 1e3
                 self.meta["outputs"] = describe(ref_out)
                 self.scaled = self.scale_comparable(drawn.values, ref_out)
             del drawn
             failed = self.candidate_on(name, {"seed": s}, ref_out, name)
+            if failed is None and i == 0:
+                self.stopped = self.hopeless(ref_ms, self.last_call_ms, ref_out)
             del ref_out
             if failed is not None:
                 return failed
+            if self.stopped is not None:
+                self.meta["verify_stopped"] = self.stopped
+                break
         return None
+
+    def hopeless(self, ref_ms: float, cand_ms: float, ref_out: Any) -> dict | None:
+        """Why the checks stop after the first input set (None: they go on): the candidate's
+        first call took more than ``hopeless_factor`` times the reference's and more than
+        ``hopeless_min_ms``. An output that came through host memory is allowed what moving
+        the reference's output to the host and back costs here."""
+        o = self.opts
+        if o.hopeless_factor <= 0 or ref_ms <= 0 or cand_ms <= max(o.hopeless_min_ms, o.hopeless_factor * ref_ms):
+            return None
+        moved = 0.0 if str(self.device).startswith("cuda") and self.s.ipc else _round_trip_ms(ref_out, self.device)
+        spent = cand_ms - moved
+        if spent <= max(o.hopeless_min_ms, o.hopeless_factor * ref_ms):
+            return None
+        ratio = spent / ref_ms
+        return {"ratio_vs_reference": round(ratio, 1), "limit": o.hopeless_factor, "candidate_ms": round(cand_ms, 3),
+                "reference_ms": round(ref_ms, 4), "output_transfer_ms": round(moved, 3), "inputs_checked": 1,
+                "why": f"its first call took {spent:.4g} ms, {ratio:.0f}x the reference's {ref_ms:.4g} ms (more than "
+                       f"hopeless_factor {o.hopeless_factor:g}x): checked on that input set only (rule "
+                       f"verify.hopeless: a candidate this slow cannot beat eager; make it faster to be checked in full)"}
 
     def extra_draws(self) -> VerifyResult | None:
         """5. The same shapes, floating-point values from other distributions (inputs outside
@@ -268,6 +304,8 @@ class Verification:
         o = self.opts
         extra_log: list[dict] = []
         self.meta["extra_draws"] = extra_log
+        if self.stopped is not None:
+            return None
         extra_seeds = input_seeds(self.seed ^ 0x5A5A5A5A, len(o.extra_draws or []))
         for kind, s in zip(o.extra_draws or [], extra_seeds):
             label = EXTRA_DRAWS[kind][0] if kind in EXTRA_DRAWS else kind
@@ -346,8 +384,8 @@ class Verification:
         seed and compared on one draw, so that a ModelNew holding one seed's values fails."""
         from .rules import RULE_SEEDED
 
-        if self.s.weights != "seeded":
-            return None
+        if self.s.weights != "seeded" or (self.stopped is not None and self.opts.seed is None):
+            return None  # stopped: the first draw already held weights from a seed of this job's own
         seed2 = (self.seed * 7919 + 104729) & 0x7FFFFFFF
         try:
             ref2 = build_models(self.ref_mod, None, self.device, seed2, True, self.s.cand_name)
@@ -372,8 +410,10 @@ class Verification:
         o = self.opts
         msg = {"op": "run", **draw, "poison": o.poison, "poison_hint": nbytes(ref_out), "timeout_s": o.timeout_s,
                "guard": dataclasses.asdict(o.guard), "candidate": self.s.cand_name}
+        t = time.perf_counter()
         with self.phase("candidate"):
             reply, out = self.s.fetch(msg, "output")
+        self.last_call_ms = (time.perf_counter() - t) * 1e3
         if "poisoned_bytes" in reply:
             self.meta["poisoned_bytes"] = reply["poisoned_bytes"]
         guard = reply.get("guard") if isinstance(reply.get("guard"), dict) else None
@@ -407,6 +447,67 @@ class Verification:
         if not cmp.ok:
             return self.result(False, FailureCategory.WRONG_RESULT, f"wrong result on {rule}: {cmp.message}")
         return None
+
+
+def _round_trip_ms(out: Any, device: str) -> float:
+    """Milliseconds to copy ``out``'s tensors to host memory and back here."""
+    import torch
+
+    tensors = [out] if isinstance(out, torch.Tensor) else \
+        [t for t in (out if isinstance(out, (list, tuple)) else []) if isinstance(t, torch.Tensor)]
+    t0 = time.perf_counter()
+    for x in tensors:
+        x.to("cpu", copy=True).to(x.device, copy=True)
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def static_refusal(workspace: str | Path, options: VerifyOptions | None = None) -> VerifyResult | None:
+    """The refusals a verification job would give before it runs anything (the judged files,
+    the static checks), on a snapshot of the files taken here: the failed VerifyResult, or
+    None when the candidate passes them. Needs no build, no GPU and no candidate process, so a
+    caller runs it before the build (``checked_before_build`` in the metadata)."""
+    opts = options or VerifyOptions()
+    files = _JudgedFiles.take(workspace, opts)
+    if files is None:
+        return None
+    try:
+        failed = Verification(files, "cpu", opts).static_checks()
+    finally:
+        files.snap.remove()
+    if failed is not None:
+        for k in ("seed", "precision_policy", "atol", "rtol"):
+            failed.metadata.pop(k, None)
+        failed.metadata["checked_before_build"] = True
+    return failed
+
+
+class _JudgedFiles:
+    """A job's snapshot of the judged files without a candidate process: what the static
+    checks read, as the job's session holds it."""
+
+    def __init__(self, snap: Any, candidate: Path):
+        self.snap, self.candidate, self.meta = snap, candidate, {}
+
+    @classmethod
+    def take(cls, workspace: str | Path, opts: VerifyOptions) -> "_JudgedFiles | None":
+        import os
+
+        from . import snapshot
+        from .session import job_files
+
+        ws, cand, ref = job_files(workspace, opts.candidate, opts.reference)
+        rels = [os.path.relpath(os.path.abspath(p), os.path.abspath(ws)) for p in (cand, ref)]
+        if any(r.startswith("..") for r in rels):
+            return None  # files outside one folder: the job takes them as it does
+        files, folders = snapshot.workspace_files(ws, *rels)
+        snap = snapshot.take(ws, files, folders)
+        return cls(snap, snap.path(rels[0]))
+
+    def refused_files(self) -> str:
+        from .session import JudgeSession
+
+        return JudgeSession.refused_files(self)  # type: ignore[arg-type]  # reads only .snap
 
 
 def _counts(v: Any) -> dict:

@@ -107,6 +107,22 @@ def measure_baselines(model_code: str, device: str = "cuda", options: BaselineOp
     return eager, comp
 
 
+def cached_baselines(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
+                     cache: BaselineCache | None = None, init_inputs: Any = None) -> dict | None:
+    """The cache record :func:`measure_baselines_record` would start from for this task (one
+    measured under an older timing rule included: it is re-checked, not measured, there), or
+    None when it would measure the baselines. Measures nothing."""
+    o = options or BaselineOptions()
+    cache = cache if cache is not None else cache_for(o.cache_dir or None)
+    if init_inputs is None:
+        init = load_code(model_code, cache.dir).get_init_inputs()
+        init_inputs = list(init) if isinstance(init, (list, tuple)) else [init]
+    fields = key_fields(model_code, describe(init_inputs), device, o.precision, o.profiler or default_profiler(device),
+                        o.profiler_options, o.compile_mode, o.num_input_sets, o.seed, o.cpu_threads, o.perturb_inputs)
+    rec, _ = cached_record(cache, BaselineCache.key(fields), o.force, o.refresh_spread, o.compile)
+    return rec
+
+
 def measure_baselines_record(model_code: str, device: str = "cuda", options: BaselineOptions | None = None,
                              cache: BaselineCache | None = None, model: Any = None, input_sets: list | None = None,
                              init_inputs: Any = None) -> tuple[Timing, Timing | None, dict]:
