@@ -7,6 +7,10 @@ A Linear+ReLU task and a wide-softmax task (outputs far below atol) are judged t
 seeded weights), the same kernel behind ``torch.library``, a decoy whose kernel result is
 unused, and outputs that are zeros or constant where the reference is tiny. Prints one row per
 sample: profile, verdict, rule, weights; writes JSON under ``$OUT``.
+
+As ``cuda-agent eval`` judges single files: the refusals that need no GPU first, each file's
+extension built once ahead in the CPU build pool (all files at once; the second profile finds
+the build), then one verification job each, with a bounded timeout (``--timeout``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ SOFTMAX_TASK = textwrap.dedent('''
 
 CUDA = r'''
 #include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
 __global__ void linear_relu_kernel(const float* x, const float* w, const float* b, float* y, int m, int k, int n) {
     int i = blockIdx.y * blockDim.y + threadIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < m && j < n) {
@@ -148,44 +153,82 @@ SAMPLES = [
 
 
 def main() -> int:
+    import argparse
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     from cuda_agent.core.types import Task
-    from cuda_agent.sandbox.executors import Job, LocalExecutor
+    from cuda_agent.sandbox.executors import LocalExecutor
     from cuda_agent.sandbox.executors.local import LocalExecutorOptions
+    from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions
     from cuda_agent.sandbox.workspace.workspace import create_workspace
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds for one verification job")
+    ap.add_argument("--build-timeout", type=float, default=300.0, help="seconds for one file's build")
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
+    t_start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="fair-judge-"))
-    tasks = {name: Path(create_workspace(Task(id=name, source="check", code=code), tmp / name, backend="cuda").root)
-             for name, code in (("gemm", GEMM_TASK), ("softmax", SOFTMAX_TASK))}
+    os.chmod(tmp, 0o755)
+    codes = {"gemm": GEMM_TASK, "softmax": SOFTMAX_TASK}
     ex = LocalExecutor(LocalExecutorOptions(device_count=1, timeout=900)).start()
-    rows = []
-    for task, sample, code, profiles, honest in SAMPLES:
-        for rules in profiles:
-            root = tasks[task]
+    judge = Judge(JudgeOptions(verify_timeout=args.timeout, build_timeout=args.build_timeout,
+                               build_workers=len(SAMPLES), prebuilt_cache=str(tmp / "prebuilt")), ex, backend="cuda")
+    rows: list[dict] = []
+
+    def one(item: tuple) -> list[dict]:
+        task, sample, code, profiles, honest = item
+        out = []
+        for rules in profiles:  # the same file: built once, the second profile finds the build
+            root = Path(create_workspace(Task(id=task, source="check", code=codes[task]),
+                                         tmp / f"{sample}-{rules}", backend="cuda").root)
             (root / "model_new.py").write_text(code)
+            options = {"seed": 3, "rules": rules, "weights": "auto"}
             t0 = time.perf_counter()
-            r = ex.run(Job("cuda_agent.sandbox.judge.tasks:verify",
-                           {"workspace": str(root), "options": {"seed": 3, "rules": rules, "weights": "auto"}},
-                           kind="verify"))
+            r = judge.precheck(root, options)
+            info: dict = {}
+            if r is None:
+                info = judge.prebuild(root)
+                r = judge.verify(root, options=options, prebuilt=str(info.get("built", "")).startswith("ahead"))
             m = re.search(r"rule ([\w.\-]+)[:)]", r.message)
             row = {"task": task, "sample": sample, "profile": rules, "ok": r.ok, "expected": honest,
                    "rule": r.metadata.get("rule") or (m.group(1) if m else ""), "weights": r.metadata.get("weights"),
-                   "seconds": round(time.perf_counter() - t0, 1), "message": r.message[:300]}
-            rows.append(row)
+                   "seconds": round(time.perf_counter() - t0, 1), "build_s": info.get("build_seconds"),
+                   "build_cached": info.get("cached"), "job_s": round(r.seconds, 1), "message": r.message[:300]}
+            out.append(row)
             print(f"{task:8s} {sample:24s} {rules:12s} {'correct' if r.ok else 'refused':8s} {row['rule']:22s} "
                   f"{row['weights'] or '':10s} {row['seconds']:6.1f} s  {r.message[:100]}", flush=True)
-            if os.environ.get("OUT"):
-                Path(os.environ["OUT"], "fair_judge_checks.json").write_text(json.dumps(rows, indent=1))
-    ex.close()
+            with lock:
+                rows.append(row)
+                if os.environ.get("OUT"):
+                    Path(os.environ["OUT"], "fair_judge_checks.json").write_text(json.dumps(rows, indent=1))
+        return out
+
+    import threading
+
+    lock = threading.Lock()
+    try:
+        with ThreadPoolExecutor(len(SAMPLES)) as pool:
+            list(pool.map(one, SAMPLES))
+    finally:
+        judge.close()
+        ex.close()
     wrong = [f"{r['sample']}/{r['profile']}" for r in rows
              if r["ok"] != (r["expected"] and not (r["sample"] == "decoy"))]
     # the decoy is refused under both: kernelbench.decoy, and the run-time guard under cuda-agent
-    print(f"samples judged against expectation: {len(rows) - len(wrong)}/{len(rows)}; unexpected: {wrong or 'none'}")
-    return 0 if not wrong else 1
+    print(f"\n| task | sample | profile | verdict | rule | weights | build s | job s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(rows, key=lambda r: (r["task"], r["sample"], r["profile"])):
+        build = "cached" if r["build_cached"] else (f"{r['build_s']:.1f}" if r["build_s"] else "-")
+        print(f"| {r['task']} | {r['sample']} | {r['profile']} | {'correct' if r['ok'] else 'refused'} | "
+              f"{r['rule'] or '-'} | {r['weights'] or '-'} | {build} | {r['job_s']:.1f} |")
+    print(f"\nsamples judged against expectation: {len(rows) - len(wrong)}/{len(rows)}; unexpected: {wrong or 'none'}; "
+          f"wall {time.perf_counter() - t_start:.0f} s")
+    return 0 if not wrong and len(rows) == sum(len(s[3]) for s in SAMPLES) else 1
 
 
 if __name__ == "__main__":
