@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     st = CandidateState()
     st.device = cfg.get("device", "cpu")
     ready: dict[str, Any] = {"op": "ready", "pid": os.getpid()}
+    cuda_step = False  # failing while the CUDA context is made (not a harness import naming cuda_agent)
     try:
         import torch
 
@@ -146,11 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         native.timing()
         dev = torch.device(st.device)
         if dev.type == "cuda":
+            cuda_step = True
             torch.cuda.set_device(dev.index if dev.index is not None else 0)
             torch.zeros(1, device=dev)
             native.timing_for_cuda()
     except Exception as exc:  # noqa: BLE001 - reported to the trusted side
-        ready = {"op": "failed", "error": {**error_reply(exc), "cuda_init": "cuda" in str(exc).lower()}}
+        ready = {"op": "failed", "error": {**error_reply(exc), "cuda_init": cuda_step}}
     wire.send(sock, ready)
     if ready["op"] != "ready":
         return 1
