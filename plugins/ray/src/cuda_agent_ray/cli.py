@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import click
 
+from cuda_agent.core.configreads import command_reads
 
-def _executor(args: tuple[str, ...]):
+READS = {cmd: command_reads(f"ray {cmd}", "executor", "backend") for cmd in ("status", "down")}
+
+
+def _executor(args: tuple[str, ...], command: str):
     from cuda_agent.core.cli import split_args
     from cuda_agent.core.config import compose
-    from cuda_agent.core.plugins import get_plugin_manager
+    from cuda_agent.sandbox.executors.configured import make_executor
 
     files, overrides = split_args(args)
-    cfg = compose(files, ["executor.name=ray", *overrides])
-    return get_plugin_manager().create("executor", cfg.executor, where="executor")
+    cfg = compose(files, ["executor.name=ray", *overrides], reads=READS[command])
+    return make_executor(cfg)  # the run's backend=cpu reaches executor.options.backend
 
 
 def register_ray_commands(cli) -> None:
@@ -30,7 +34,7 @@ def register_ray_commands(cli) -> None:
     @click.argument("args", nargs=-1)
     def status_cmd(args: tuple[str, ...]) -> None:
         """Slots of the pool, one line each (CONFIG files, key=value overrides)."""
-        ex = _executor(args)
+        ex = _executor(args, "status")
         try:
             ex.start()
             rows = ex.slot_table()
@@ -48,7 +52,7 @@ def register_ray_commands(cli) -> None:
     @click.argument("args", nargs=-1)
     def down_cmd(args: tuple[str, ...]) -> None:
         """End the pool's slot actors and baseline store (all clients' of the namespace)."""
-        ex = _executor(args)
+        ex = _executor(args, "down")
         try:
             n = ex.shutdown_pool()
         finally:

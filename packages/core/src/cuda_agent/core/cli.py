@@ -7,8 +7,11 @@ from typing import Sequence
 
 import click
 
+from .configreads import EVERYTHING, command_reads
 from .errors import CudaAgentError
 from .plugins import get_plugin_manager
+
+CONFIG_SHOW = command_reads("config show", EVERYTHING)
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -53,7 +56,7 @@ def config_show(args: tuple[str, ...]) -> None:
     from .config import compose, to_yaml
 
     files, overrides = split_args(args)
-    click.echo(to_yaml(compose(files, overrides)), nl=False)
+    click.echo(to_yaml(compose(files, overrides, reads=CONFIG_SHOW)), nl=False)
 
 
 _commands_loaded = False

@@ -9,7 +9,8 @@ with its defaults.
 Keys are checked against the composed structure: an unknown key is a one-line
 :class:`ConfigError` naming it and the closest valid keys. Mappings named ``options``
 (and any node listed in ``OPEN_KEYS``) accept any keys. Values are then checked for type
-and range (:mod:`.configcheck`), with the same kind of one-line errors.
+and range (:mod:`.configcheck`), with the same kind of one-line errors. A command that
+declares what it reads (:mod:`.configreads`) refuses an override of any other key.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .configcheck import check_values, collect_schemas, schema_defaults
+from .configreads import Reads, check_overrides
 from .errors import ConfigError, did_you_mean
 from .plugins import PluginManager, get_plugin_manager
 
@@ -187,9 +189,12 @@ def compose(
     overrides: Iterable[str] = (),
     pm: PluginManager | None = None,
     validate: bool = True,
+    reads: Reads | None = None,
 ) -> DictConfig:
-    """Compose the run config; validate components when ``validate``."""
+    """Compose the run config; validate components when ``validate``. ``reads``: what the
+    command reads (:mod:`.configreads`); an override of any other key is refused."""
     pm = pm or get_plugin_manager()
+    overrides = list(overrides)
     cfg = default_config(pm)
     defaults = OmegaConf.to_container(cfg, resolve=False)
     for f in files:
@@ -201,6 +206,8 @@ def compose(
             raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from exc
     for item in overrides:
         apply_override(cfg, item)
+    if reads is not None:
+        check_overrides(reads, [parse_override(item) for item in overrides])
     if validate:
         check_values(cfg, defaults, collect_schemas(pm), OPEN_KEYS)
         validate_components(cfg, pm)

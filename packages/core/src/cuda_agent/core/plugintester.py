@@ -280,7 +280,8 @@ class PluginTester:
                         "trainer.engine.mixed_precision='no'", "trainer.engine.gradient_checkpointing=false",
                         "trainer.rollout.max_new_tokens=4", "trainer.rollout.concurrency=2",
                         "trainer.agent_defaults={max_turns: 1, max_tokens_per_turn: 4, min_generation_tokens: 1}",
-                        stage, *self._common(), "--no-progress", *overrides)
+                        stage, *(self._common() if environment == "cuda" else self._common()[2:]),  # toy: no backend
+                        "--no-progress", *overrides)
 
     def tiny_model(self) -> Path:
         """A random-weight chat model and its tokenizer, built once per cache folder."""

@@ -24,7 +24,7 @@ class Run:
     """Context manager around a run folder.
 
     ``with Run(cfg, command="eval") as run:`` creates ``<output_dir>/<id>/`` (or reopens
-    ``run.resume``), saves ``config.yaml`` and ``plugins.json``, writes ``log.jsonl`` and
+    ``run.resume``; ``dir=`` names the folder instead, and then neither key is read), saves ``config.yaml`` and ``plugins.json``, writes ``log.jsonl`` and
     calls the ``on_run_start``/``on_run_end`` hooks. ``earlier_seconds``: the time the
     folder's earlier sessions ran (before a resume), from their log.
 
@@ -39,14 +39,19 @@ class Run:
     """
 
     def __init__(self, config: DictConfig, command: str = "run", pm: PluginManager | None = None,
-                 trackers: list[Tracker] | None = None):
+                 trackers: list[Tracker] | None = None, dir: str | Path | None = None):
         self.config = config
         self.command = command
         self.pm = pm or get_plugin_manager()
         self._given_trackers = trackers
         self.trackers: list[Tracker] = []
-        resume = config.run.get("resume") if "run" in config else None
-        if resume:
+        resume = config.run.get("resume") if dir is None and "run" in config else None
+        if dir is not None:
+            self.dir = Path(dir)
+            self.id = self.dir.name
+            self.resumed = False
+            self.earlier_seconds = 0.0
+        elif resume:
             self.dir = Path(resume)
             if not (self.dir / "config.yaml").exists():
                 raise ConfigError(f"run.resume={resume}: not a run folder (no config.yaml)")

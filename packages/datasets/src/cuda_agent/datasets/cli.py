@@ -8,7 +8,15 @@ from pathlib import Path
 
 import click
 
+from cuda_agent.core.configreads import command_reads
 from cuda_agent.core.errors import ConfigError
+
+READS = {
+    "list": command_reads("data list", "dataset"),
+    "validate": command_reads("data validate", "dataset", "validation"),
+    "validate --no-run": command_reads("data validate --no-run", "dataset"),  # no run check: no executor
+    "synthesize": command_reads("data synthesize", "synthesis", "dataset"),
+}
 
 
 def _split(args):
@@ -57,7 +65,7 @@ def list_cmd(args, as_json: bool, limit: int | None) -> None:
     from cuda_agent.core.config import compose
 
     files, overrides = _split(args)
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS["list"])
     ds = _dataset(cfg)
     tasks = ds.select()
     shown = tasks if limit is None else tasks[:limit]
@@ -99,7 +107,7 @@ def validate_cmd(args, run_check, timeout, workers, memory_gb, report_path, stri
     from .validate import TaskReport, static_problems
 
     files, overrides = _split(args)
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS["validate" if run_check else "validate --no-run"])
     ds = _dataset(cfg, validate="none")
     tasks = ds.select()
     reports: dict[str, TaskReport] = {}
@@ -189,7 +197,7 @@ def synthesize_cmd(args, out_dir, num_tasks, workers, fresh, no_progress) -> Non
         overrides.append(f"synthesis.num_tasks={num_tasks}")
     if workers is not None:
         overrides.append(f"synthesis.workers={workers}")
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS["synthesize"])
     opts = SynthesisOptions.from_mapping(_plain(cfg.get("synthesis")))
     synth = Synthesizer(opts, kernelbench_root=_kernelbench_root(cfg))
     report = synth.run(fresh=fresh, progress=not no_progress)

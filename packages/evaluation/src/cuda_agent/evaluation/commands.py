@@ -10,7 +10,23 @@ from typing import Any, Sequence
 import click
 
 from cuda_agent.core.cli import split_args
+from cuda_agent.core.configreads import check_overrides, command_reads
 from cuda_agent.core.errors import ConfigError
+
+_EVAL_SOLUTIONS = ("dataset", "levels", "ids", "limit", "shard", "solutions", "workers", "margin",
+                   "max_infra_error_share", "enforce_rules", "rules", "verify", "profile", "judge", "formats", "title",
+                   "label", "work_dir", "keep_workspaces", "progress")
+_RUN = ("run.output_dir", "run.name", "run.resume", "backend", "logging", "trackers")
+READS = {
+    # an agent on every task: its episodes read what `optimize` reads
+    "eval": command_reads("eval", *_RUN, "eval", "dataset", "policy", "agent", "environment", "compiler", "sandbox",
+                          "executor", "service", "reward"),
+    # a folder of solutions: no policy, no agent, no episode (so no eval.attempts, eval.max_turns)
+    "eval --solutions": command_reads("eval --solutions", *_RUN, *(f"eval.{k}" for k in _EVAL_SOLUTIONS), "dataset",
+                                      "compiler", "executor"),
+    "baselines": command_reads("baselines", "backend", "executor", "dataset", "eval.dataset", "eval.levels",
+                               "eval.ids", "eval.limit", "eval.shard", "eval.profile", "eval.progress"),
+}
 
 
 def _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids) -> list[str]:
@@ -97,7 +113,11 @@ def eval_cmd(args, solutions, resume, report_only, only_covered, levels, limit, 
         check_eval_run(Path(resume))
         files = [str(saved), *files]  # the run's own config first; arguments given now come after
     overrides += _overrides_from_options(levels, limit, solutions, resume, workers, shard, ids)
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS["eval"])
+    if cfg.eval.get("solutions"):
+        from cuda_agent.core.config import parse_override
+
+        check_overrides(READS["eval --solutions"], [parse_override(o) for o in overrides])
     if only_covered:
         restrict_to_covered(cfg)
     out = evaluate(cfg)
@@ -142,12 +162,15 @@ def baselines_cmd(args, refresh_spread, levels, limit, ids, shard, workers) -> N
     from .evaluate import measure_all_baselines
 
     files, overrides = split_args(args)
-    overrides += _overrides_from_options(levels, limit, None, None, workers, shard, ids)
+    if workers is not None:
+        raise ConfigError("--workers has no effect on `cuda-agent baselines`: the executor runs one measurement "
+                          "per device at a time; remove it")
+    overrides += _overrides_from_options(levels, limit, None, None, None, shard, ids)
     if refresh_spread is not None:
         if refresh_spread <= 0:
             raise ConfigError(f"--refresh-spread must be > 0 (a relative spread such as 0.03), got {refresh_spread}")
         overrides.append(f"eval.profile.options.refresh_spread={refresh_spread}")
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS["baselines"])
     t0 = time.perf_counter()
     rows = measure_all_baselines(cfg)
     click.echo(_baseline_table(rows))

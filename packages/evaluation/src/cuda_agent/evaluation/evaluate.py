@@ -68,6 +68,13 @@ def _dataset_name(cfg: DictConfig) -> str:
     return "kernelbench"
 
 
+def make_executor(cfg: DictConfig, pm: Any) -> Any:
+    """The run's executor, on the run's backend (``backend=cpu`` reaches ``local`` and ``ray``)."""
+    from cuda_agent.sandbox.executors.configured import make_executor as make
+
+    return make(cfg, pm)
+
+
 def resolve_backend(cfg: DictConfig, executor: Any) -> str:
     b = str(cfg.get("backend") or "auto")
     if b == "auto":
@@ -176,7 +183,7 @@ def evaluate(cfg: DictConfig, pm: Any = None) -> dict:
             raise ConfigError("nothing to evaluate: set policy.name=<policy> to run an agent, or pass --solutions DIR")
     if cfg.run.get("name") in (None, "", "run"):
         cfg.run.name = "eval"
-    executor = pm.create("executor", cfg.executor, where="executor")  # checks devices; starts lazily
+    executor = make_executor(cfg, pm)  # the run's backend reaches it; checks devices; starts lazily
     with Run(cfg, command="eval", pm=pm) as run:
         info["run_id"] = run.id
         if unmatched:
@@ -293,7 +300,7 @@ def measure_all_baselines(cfg: DictConfig, pm: Any = None) -> list[dict]:
     tasks = load_tasks(cfg, pm)
     if not tasks:
         raise ConfigError("no tasks selected (check eval.levels, eval.ids, eval.shard, eval.limit)")
-    executor = pm.create("executor", cfg.executor, where="executor")
+    executor = make_executor(cfg, pm)
     try:
         return measure_task_baselines(
             tasks,

@@ -4,6 +4,27 @@ from __future__ import annotations
 
 import click
 
+from cuda_agent.core.configreads import Reads, check_overrides, command_reads
+
+BASE_KEYS = ("run", "logging", "trackers", "trainer", "agent")
+POLICY_KEYS = ("policy",)  # trainer.rollout.engine=policy: the policy plugin samples the rollouts
+EPISODE_KEYS = ("backend", "environment", "compiler", "sandbox", "executor", "service", "reward")  # the cuda environment
+READS = command_reads("train", *BASE_KEYS, *POLICY_KEYS, *EPISODE_KEYS)  # all that a run can read
+
+
+def run_reads(cfg) -> Reads:
+    """What this run reads: the policy only when it samples the rollouts, the episode's sections
+    only on the ``cuda`` environment (the toy environment has no kernels, sandbox or executor)."""
+    tc = cfg.trainer
+    keys = list(BASE_KEYS)
+    if str((tc.get("rollout") or {}).get("engine", "actor")) == "policy":
+        keys += POLICY_KEYS
+    if str((tc.get("environment") or {}).get("name") or "") == "cuda":
+        keys += EPISODE_KEYS
+    env = (tc.get("environment") or {}).get("name")
+    engine = (tc.get("rollout") or {}).get("engine", "actor")
+    return Reads("train", tuple(keys), note=f"trainer.environment.name={env}, trainer.rollout.engine={engine}")
+
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1)
@@ -24,7 +45,10 @@ def train_cmd(args: tuple[str, ...], no_progress: bool) -> None:
     from .stages import StageRunner, validate
 
     files, overrides = split_args(args)
-    cfg = compose(files, overrides)
+    cfg = compose(files, overrides, reads=READS)
+    from cuda_agent.core.config import parse_override
+
+    check_overrides(run_reads(cfg), [parse_override(o) for o in overrides])
     validate(cfg)
     quiet_third_party_bars()
     main = rank() == 0

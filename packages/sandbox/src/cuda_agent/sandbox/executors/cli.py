@@ -8,6 +8,10 @@ import time
 
 import click
 
+from cuda_agent.core.configreads import command_reads
+
+READS = command_reads("executor check", "executor", "backend")
+
 
 def probes(backend: str, hang_timeout: float) -> list[tuple[str, str, dict, float | None, str]]:
     rows = [
@@ -37,16 +41,17 @@ def register_executor_commands(cli) -> None:
     @click.argument("args", nargs=-1)
     @click.option("--hang-timeout", default=5.0, show_default=True, help="Timeout of the hanging probes (s).")
     def check_cmd(args: tuple[str, ...], hang_timeout: float) -> None:
-        """Run misbehaving probe jobs on the configured executor (CONFIG files, key=value overrides)."""
+        """Run misbehaving probe jobs on the configured executor (CONFIG files, key=value overrides:
+        executor.* and the run's backend, which the executor runs its jobs on)."""
         from cuda_agent.core.cli import split_args
         from cuda_agent.core.config import compose
-        from cuda_agent.core.plugins import get_plugin_manager
 
+        from .configured import make_executor
         from .job import Job, JobError
 
         files, overrides = split_args(args)
-        cfg = compose(files, overrides)
-        ex = get_plugin_manager().create("executor", cfg.executor, where="executor")
+        cfg = compose(files, overrides, reads=READS)
+        ex = make_executor(cfg)
         backend = getattr(ex, "backend", "cpu")
         S = "cuda_agent.sandbox.executors.selftest:"
         rows = []

@@ -227,10 +227,15 @@ class CudaEnvironment(FolderEnvironment):
         return sandbox.open(self.ws.root, list(self.ws.protected))
 
     def _make_executor(self, spec: Any) -> Any:
-        if isinstance(spec, str):
-            spec = {"name": spec}
-        if self.backend == "cpu" and spec.get("name") == "local":
-            spec = {"name": "cpu"}  # the GPU pool has nothing to run on here
+        from ..executors.configured import executor_spec
+
+        # the run's backend reaches the executor (local -> cpu, ray's backend option); under auto,
+        # only the GPU pool changes on a machine without a usable GPU (it has nothing to run on
+        # here), while a cluster's pool keeps its own setting (its nodes may have GPUs)
+        if self.options.backend != "auto":
+            spec = executor_spec(spec, self.options.backend, self.pm)
+        elif self.backend == "cpu" and (spec if isinstance(spec, str) else spec.get("name")) == "local":
+            spec = executor_spec(spec, "cpu", self.pm)
         return self.pm.create("executor", spec, where="executor")
 
     # -- the loop's hooks -------------------------------------------------------------

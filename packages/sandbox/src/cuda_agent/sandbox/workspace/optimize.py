@@ -24,6 +24,7 @@ import click
 
 from cuda_agent.core.agent import AgentOptions, TrajectoryStore, render_transcript, run_episode_sync
 from cuda_agent.core.agent.transcript import candidate_table
+from cuda_agent.core.configreads import command_reads
 from cuda_agent.core.errors import ConfigError, InfrastructureError, TaskError
 from cuda_agent.core.types import INFRA_ERROR, Candidate, Task, Trajectory, to_jsonable
 
@@ -38,6 +39,12 @@ DEMOS = {
     "cpu": ("running_sum.py", "trajectory.json", "running sum written as a triangular matrix product (CPU)"),
     "cuda": ("hardswish_affine.py", "trajectory_cuda.json", "fused hard-swish + affine (CUDA)"),
 }
+
+# what an episode on one model reads of the run config; the output folder is --out, or a new
+# folder under run.output_dir (run.name, run.seed and run.resume mean nothing to one episode)
+EPISODE_KEYS = ("run.output_dir", "backend", "logging", "trackers", "policy", "agent", "environment", "compiler",
+                "sandbox", "executor", "service", "reward")
+READS = {cmd: command_reads(cmd, *EPISODE_KEYS) for cmd in ("optimize", "demo")}
 
 
 # --- progress ---------------------------------------------------------------------------
@@ -285,9 +292,7 @@ def run_optimize(cfg: Any, task: Task, out_dir: Path, model_path: Path | None = 
     backend = detect_backend(str(cfg.get("backend", "auto")))
     options = _agent_options(cfg)
     policy = pm.create("policy", cfg.policy, where="policy")
-    run = Run(cfg, command=command, pm=pm)
-    run.dir = out_dir
-    run.id = out_dir.name
+    run = Run(cfg, command=command, pm=pm, dir=out_dir)
     with run:
         env = CudaEnvironment.from_config(task, out_dir / "workspace", cfg, pm,
                                           options=environment_options(cfg, backend=backend),
@@ -355,8 +360,9 @@ def check_model_up_front(model_path: Path, cfg: Any) -> None:
     check_model(model_path, device="cuda" if backend == "cuda" else "cpu")
 
 
-def _default_out(stem: str) -> Path:
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-optimize-{stem}"
+def _default_out(cfg: Any, stem: str) -> Path:
+    """A new folder under ``run.output_dir`` (``runs`` by default)."""
+    return Path(str(cfg.run.output_dir)) / f"{time.strftime('%Y%m%d-%H%M%S')}-optimize-{stem}"
 
 
 def demo_paths(backend: str = "cpu") -> tuple[Path, Path]:
@@ -391,7 +397,7 @@ def register(cli: Any) -> None:
     @click.option("--backend", default=None, type=click.Choice(["auto", "cuda", "cpu"]), help="Kernel backend.")
     @click.option("--max-turns", default=None, type=int, help="Turn limit (config: agent.max_turns).")
     @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
-                  help="Output folder (default: runs/<time>-optimize-<name>).")
+                  help="Output folder (default: <run.output_dir, runs>/<time>-optimize-<name>).")
     @click.option("--quiet", is_flag=True, help="No progress line.")
     def optimize_cmd(model_py, args, policy, model, base_url, api_key_env, recording, backend, max_turns, out, quiet):
         """Run the agent on MODEL_PY (KernelBench format: Model, get_inputs, get_init_inputs).
@@ -416,13 +422,14 @@ def register(cli: Any) -> None:
             extra.append(f"backend={backend}")
         if max_turns is not None:
             extra.append(f"agent.max_turns={max_turns}")
-        cfg = compose(files, overrides + extra)
+        cfg = compose(files, overrides + extra, reads=READS["optimize"])
         name = cfg.policy.get("name")
         if not name:
             raise ConfigError("no policy chosen: pass --policy (openai, replay, hf, vllm)")
         check_model_up_front(model_py, cfg)
         task = read_task(model_py)
-        rep = run_optimize(cfg, task, out or _default_out(task.id), model_path=model_py.resolve(), progress=not quiet)
+        rep = run_optimize(cfg, task, out or _default_out(cfg, task.id), model_path=model_py.resolve(),
+                           progress=not quiet)
         if rep["finish_reason"] == INFRA_ERROR:
             raise InfrastructureError(f"the policy endpoint failed: {rep['error']}; nothing was scored "
                                       f"(report: {Path(rep['output_dir']) / 'report.md'})")
@@ -433,23 +440,27 @@ def register(cli: Any) -> None:
     @click.option("--backend", default="auto", type=click.Choice(["auto", "cuda", "cpu"]),
                   help="auto: CUDA when a GPU is usable, else the CPU backend.")
     @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
-                  help="Output folder (default: runs/<time>-optimize-demo).")
+                  help="Output folder (default: <run.output_dir, runs>/<time>-optimize-demo).")
     @click.option("--quiet", is_flag=True, help="No progress line.")
     def demo_cmd(args, backend, out, quiet):
         """Replay a recorded agent episode on a bundled example, for real: the kernel it
         writes is compiled, verified and profiled here (local sandbox; the CPU backend where
-        there is no GPU). ARGS are config files and key=value overrides."""
-        backend = detect_backend(backend)
+        there is no GPU). ARGS are config files and key=value overrides (backend=cpu is
+        --backend cpu)."""
+        files, overrides = split_args(args)
+        given = str(compose(files, overrides, reads=READS["demo"]).backend)  # a file's or an override's
+        if given != "auto" and backend != "auto" and given != backend:
+            raise ConfigError(f"--backend {backend} and backend={given} disagree; give one of them")
+        backend = detect_backend(given if given != "auto" else backend)
         model_path, recording = demo_paths(backend)
         compiler = json.loads(recording.read_text()).get("compiler")
-        files, overrides = split_args(args)
-        defaults = ["policy.name=replay", f"policy.options.path={recording}", f"backend={backend}"]
+        defaults = ["policy.name=replay", f"policy.options.path={recording}"]
         if compiler:
             defaults.append(f"compiler.name={compiler}")
-        cfg = compose(files, defaults + overrides)
+        cfg = compose(files, defaults + overrides + [f"backend={backend}"], reads=READS["demo"])
         task = Task(id="demo", source="demo", code=model_path.read_text(),
                     name=DEMOS["cuda" if backend == "cuda" else "cpu"][2])
-        rep = run_optimize(cfg, task, out or _default_out("demo"), model_path=model_path, progress=not quiet,
+        rep = run_optimize(cfg, task, out or _default_out(cfg, "demo"), model_path=model_path, progress=not quiet,
                            command="demo")
         click.echo(_summary(rep))
 

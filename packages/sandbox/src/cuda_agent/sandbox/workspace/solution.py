@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from cuda_agent.core.configreads import command_reads
 from cuda_agent.core.errors import ConfigError
 from cuda_agent.core.types import Task
 
@@ -159,15 +160,21 @@ def refused_answer(kind: str, refused: list[str]) -> dict:
     return request_answer(kind, {"outcome": out, "reward": None, "reused": []})
 
 
+# what verify and profile read of the run config (the compiler and backend are the solution's own)
+READS = {kind: command_reads(kind, "backend", "executor", "service", "reward") for kind in ("verify", "profile")}
+
+
 def _executor(cfg: Any, backend: str, pm: Any) -> Any:
+    """The config's executor on ``backend``: the GPU pool becomes the CPU pool for a CPU solution
+    (it has nothing to run on), ray's backend option follows the run's."""
     node = cfg.get("executor") if hasattr(cfg, "get") else None
     if node is None or node.get("name") is None:
         return None  # the service's local pool for the backend
-    from omegaconf import OmegaConf
+    from ..executors.configured import executor_spec
 
-    spec = OmegaConf.to_container(node, resolve=True)
-    if backend == "cpu" and spec.get("name") == "local":
-        spec = {"name": "cpu", "options": {}}  # the GPU pool has nothing to run on here
+    spec = executor_spec(node, "auto", pm)
+    if str(cfg.get("backend", "auto")) != "auto" or (backend == "cpu" and spec["name"] == "local"):
+        spec = executor_spec(spec, backend, pm)
     return pm.create("executor", spec, where="executor")
 
 
@@ -186,7 +193,11 @@ def recheck(path: Path, kind: str, cfg: Any) -> dict:
         answer.update(folder=str(folder), backend=str(cfg.get("backend", "auto")), compiler="not built")
         return answer
     task, files, backend, compiler = read_solution(folder)
-    wanted = detect_backend(str(cfg.get("backend", "auto")) if backend is None else backend)
+    given = str(cfg.get("backend", "auto"))
+    if backend is not None and given != "auto" and given != backend:
+        raise ConfigError(f"backend={given}, but {folder} is a solution for the {backend} backend "
+                          f"(recorded in {STATE_DIR}/workspace.json); remove backend={given}")
+    wanted = detect_backend(given if backend is None else backend)
     if backend == "cuda" and detect_backend("auto") != "cuda":
         raise ConfigError(f"{folder} is a solution for the CUDA backend and no GPU is usable here; re-check it "
                           "on a machine with one")
@@ -232,7 +243,7 @@ def _command(cli: Any, kind: str, doc: str) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the tool's JSON answer.")
     def cmd(path: Path, args: tuple[str, ...], as_json: bool) -> None:
         files, overrides = split_args(args)
-        answer = recheck(path, kind, compose(files, overrides))
+        answer = recheck(path, kind, compose(files, overrides, reads=READS[kind]))
         if as_json:
             click.echo(json.dumps(answer, indent=1, default=str))
         else:

@@ -83,8 +83,14 @@ class CudaEnvironmentFactory(EnvironmentFactory):
             if self.executor is None:
                 spec = self._spec("executor")
                 if spec and spec.get("name"):
-                    if self._sandbox.detect_backend(opts.backend) == "cpu" and spec["name"] == "local":
-                        spec = {"name": "cpu"}
+                    from cuda_agent.sandbox.executors.configured import executor_spec
+
+                    # the run's backend reaches the executor (local -> cpu, ray's backend option);
+                    # under auto only the GPU pool changes, on a machine with no usable GPU
+                    if opts.backend != "auto":
+                        spec = executor_spec(spec, opts.backend, self.pm)
+                    elif spec["name"] == "local" and self._sandbox.detect_backend("auto") == "cpu":
+                        spec = executor_spec(spec, "cpu", self.pm)
                     self.executor = self.pm.create("executor", spec, where="executor")
         dest = dest or self._root() / f"{task.id.replace('/', '_')}-{uuid.uuid4().hex[:8]}"
         return self._sandbox.CudaEnvironment.from_config(task, dest, self.cfg, self.pm, executor=self.executor,
