@@ -16,6 +16,18 @@ whether every verdict agrees between the paths and how far the speedups moved.
     python3 scripts/gpu/bench_judge_throughput.py                 # 12 solutions, both paths
     python3 scripts/gpu/bench_judge_throughput.py --n 24 --paths new
 
+``--paths before,after`` (the default) compares the judge's order of work and bounds: before
+(every refusal inside the GPU job, baselines measured before verification, verification of a
+hopeless candidate on every input set, timeouts from profiles only) and after (refusals that
+need no GPU before the build, baselines only once a candidate verified, a hopeless first call
+ending verification after one input set, eager times for timeouts read from the cache). Each
+runs twice, first with an empty baseline cache (fresh) and then with the one it filled
+(cached); builds are shared by every run (the first one builds, and its build column shows
+it). The mix holds, besides the honest solutions, one statically refused file and one
+hopeless one (an L1 activation on one warp). Defaults (--n 6: three L1 activations with their
+6.4 GB outputs, three L2 tasks, plus the two) fit about 8 minutes on one H200.
+``old,new`` is the earlier comparison of builds inside the GPU job against builds ahead.
+
 KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the solutions and a
 JSON of every candidate's numbers are written there.
 """
@@ -105,6 +117,17 @@ def l2_solution(stem: str, task_code: str) -> str:
             f"        return _ext.{name}(out.contiguous(), 0.0)\n")
 
 
+def refused_solution(code: str) -> str:
+    """An honest file that also imports the reference (rule static.reference-model)."""
+    return "from model import Model as _Reference  # noqa: F401\n" + code
+
+
+def hopeless_solution(code: str) -> str:
+    """An L1 activation on one warp of one block: correct, and hundreds of times slower than
+    eager on its 6.4 GB output (about a second or more per call on an H200)."""
+    return code.replace("kb1_", "kb1slow_").replace("_kernel<<<(int)blocks, threads,", "_kernel<<<1, 32,")
+
+
 def find_root(arg: str | None) -> Path:
     for cand in (arg, os.environ.get("CUDA_AGENT_KERNELBENCH"), REPO / "kb", REPO / "shared" / "kernelbench"):
         if cand and (Path(cand) / "level1").is_dir():
@@ -126,6 +149,18 @@ def pick(root: Path, n: int, levels: tuple[int, ...] = (1, 2)) -> list[tuple[obj
     return out
 
 
+def mix(items: list) -> list:
+    """``items`` plus one statically refused file and one hopeless one (an L1 activation)."""
+    out = [(t, c, "honest") for t, c in items]
+    if items:
+        task, code = items[-1]
+        out.append((task, refused_solution(code), "refused"))
+    l1 = [(t, c) for t, c in items if t.level == 1]
+    if l1:
+        out.append((l1[0][0], hopeless_solution(l1[0][1]), "hopeless"))
+    return out
+
+
 def warm_baselines(executor, items, work: Path) -> float:
     """Every task's baselines measured and cached (a profiling job of the reference itself)."""
     from cuda_agent.evaluation.scoring import make_workspace
@@ -143,13 +178,23 @@ def warm_baselines(executor, items, work: Path) -> float:
     return time.perf_counter() - t0
 
 
-def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules: str) -> dict:
+# the judge's order of work and bounds switched off (before) or on (after, the defaults)
+BEFORE = {"judge": {"refusals_first": False, "timeouts_from_cache": False},
+          "verify": {"hopeless_factor": 0.0}, "profile": {"defer_baselines": False}}
+
+
+def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules: str, mode: str = "",
+          cache: str = "") -> dict:
     from cuda_agent.evaluation.scoring import make_workspace, remove_workspace
     from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions
 
-    tag = "new" if prebuild else "old"
+    tag = mode or ("new" if prebuild else "old")
+    off = BEFORE if mode.startswith("before") else {}
+    popts = {"baseline_cache_dir": cache, **off.get("profile", {})} if cache else dict(off.get("profile", {}))
+    shared = work / "prebuilt" if mode else work / f"prebuilt-{tag}"  # before/after runs share the builds
     opts = JudgeOptions(prebuild=prebuild, build_workers=build_workers, verify_timeout=300.0, profile_timeout=600.0,
-                        prebuilt_cache=str(work / f"prebuilt-{tag}"), verify_options={"rules": rules})
+                        prebuilt_cache=str(shared), verify_options={"rules": rules, **off.get("verify", {})},
+                        profile_options=popts, **off.get("judge", {}))
     judge = Judge(opts, executor, backend="cuda")
     devices = max(1, len(executor.devices))
     workers = 2 * devices + (judge.build_workers() if prebuild else 0)  # as cuda-agent eval runs them
@@ -157,16 +202,22 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
     t_start = time.perf_counter()
 
     def one(item) -> None:
-        task, code = item
+        task, code, kind = item if len(item) == 3 else (*item, "honest")
         t0 = time.perf_counter()
-        root = make_workspace(task, work / tag / task.id.replace("/", "_"), "cuda")
+        root = make_workspace(task, work / tag / f"{task.id.replace('/', '_')}-{kind}", "cuda")
         (root / "model_new.py").write_text(code)
         out = judge.judge(root, single_file=True)
         wall = time.perf_counter() - t0
         v, p = out.verify, out.profile
         info = (v.metadata or {}).get("prebuild") or {}
         phases = (v.metadata or {}).get("phase_seconds") or {}
-        row = {"task": task.id, "ok": bool(v and v.ok), "failure": v.failure.value if v else "?",
+        vm, pm = (v.metadata or {}) if v else {}, (p.metadata or {}) if p else {}
+        row = {"task": task.id if kind == "honest" else f"{task.id} ({kind})", "kind": kind,
+               "ok": bool(v and v.ok), "failure": v.failure.value if v else "?",
+               "before_build": bool(vm.get("checked_before_build")), "verify_stopped": "verify_stopped" in vm,
+               "baseline_cache": pm.get("baseline_cache", "-"),
+               "baselines_after_verification": "baselines_measured" in vm,
+               "baseline_s": float(pm.get("baseline_seconds") or 0.0),
                "message": (v.message if v and not v.ok else (p.message if p and not p.ok else ""))[:300],
                "profiled": bool(p and p.ok), "wall": wall, "build": float(info.get("build_seconds") or 0.0),
                "build_step": float(info.get("seconds") or 0.0), "built": info.get("built", "in the GPU job"),
@@ -192,7 +243,7 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
         list(pool.map(one, items))
     wall = time.perf_counter() - t_start
     judge.close()
-    busy = sum(r["verify"] + r["profile"] for r in rows)
+    busy = sum(r["verify"] + r["profile"] + r.get("baseline_s", 0.0) for r in rows)
     return {"path": tag, "rows": rows, "wall": wall, "workers": workers, "devices": devices,
             "per_min_per_gpu": len(rows) / wall * 60 / devices, "gpu_busy": busy / (wall * devices)}
 
@@ -204,8 +255,8 @@ def med(rows, key) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=12)
-    ap.add_argument("--paths", default="old,new")
+    ap.add_argument("--n", type=int, default=6, help="honest solutions (the refused and hopeless ones come on top)")
+    ap.add_argument("--paths", default="before,after", help="before,after (order of work and bounds) or old,new")
     ap.add_argument("--levels", default="1,2", help="KernelBench levels to take solutions from, e.g. 2")
     ap.add_argument("--root")
     ap.add_argument("--rules", default="kernelbench")
@@ -213,13 +264,19 @@ def main() -> None:
     ap.add_argument("--no-warm", action="store_true", help="do not measure the baselines first")
     args = ap.parse_args()
     root = find_root(args.root)
-    items = pick(root, args.n, tuple(int(x) for x in args.levels.split(",")))
+    levels = tuple(int(x) for x in args.levels.split(","))
+    items = pick(root, args.n, levels)
+    paths = [x for x in args.paths.split(",") if x]
+    compare = any(x in ("before", "after") for x in paths)
+    if compare:
+        items = mix(items)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     if out_dir:
         sol = out_dir / "bench_judge_solutions"
-        for task, code in items:
+        for task, code, *kind in items:
             (sol / f"level{task.level}").mkdir(parents=True, exist_ok=True)
-            (sol / f"level{task.level}" / (task.id.split("/", 1)[1] + ".py")).write_text(code)
+            suffix = f"-{kind[0]}" if kind and kind[0] != "honest" else ""
+            (sol / f"level{task.level}" / (task.id.split("/", 1)[1] + suffix + ".py")).write_text(code)
     from cuda_agent.sandbox.executors.local import LocalExecutor
 
     work = Path(tempfile.mkdtemp(prefix="bench-judge-"))
@@ -227,10 +284,20 @@ def main() -> None:
     executor = LocalExecutor()
     executor.start()
     try:
-        warm = 0.0 if args.no_warm else warm_baselines(executor, items, work)
-        print(f"baselines measured and cached in {warm:.0f} s", flush=True)
-        runs = [score(executor, items, work, p == "new", args.build_workers, args.rules)
-                for p in args.paths.split(",") if p in ("old", "new")]
+        runs = []
+        if compare:  # each path from an empty baseline cache, then with the one it filled
+            warm = 0.0
+            for path in (x for x in paths if x in ("before", "after")):
+                cache = str(work / f"baselines-{path}")
+                for when in ("fresh", "cached"):
+                    print(f"-- {path}, baselines {when}", flush=True)
+                    runs.append(score(executor, items, work, True, args.build_workers, args.rules,
+                                      f"{path}, baselines {when}", cache))
+        else:
+            warm = 0.0 if args.no_warm else warm_baselines(executor, items, work)
+            print(f"baselines measured and cached in {warm:.0f} s", flush=True)
+            runs = [score(executor, items, work, p == "new", args.build_workers, args.rules)
+                    for p in paths if p in ("old", "new")]
     finally:
         executor.close()
     print(f"\nJudge throughput, {len(items)} single-file solutions (KernelBench L1/L2), rules {args.rules}")
@@ -238,7 +305,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
         rows = r["rows"]
-        print(f"| {r['path']} ({'build in the GPU job' if r['path'] == 'old' else 'built ahead on CPUs'}) | {len(rows)} | "
+        label = {"old": "old (build in the GPU job)", "new": "new (built ahead on CPUs)"}.get(r["path"], r["path"])
+        print(f"| {label} | {len(rows)} | "
               f"{r['wall']:.0f} | {r['workers']} | {r['per_min_per_gpu']:.2f} | {r['gpu_busy']:.0%} | "
               f"{med(rows, 'build'):.1f} | {med(rows, 'load'):.1f} | {med(rows, 'verify'):.1f} | {med(rows, 'profile'):.1f} | "
               f"{med(rows, 'waiting'):.1f} |")
@@ -248,6 +316,27 @@ def main() -> None:
         slow = [x for x in r["rows"] if x["load"] > 1.0]
         print(f"{r['path']}: outputs mostly via {', '.join(ways)}; warm candidate processes {n_warm}/{len(r['rows'])}; "
               f"load over 1 s: {len(slow)} ({', '.join(sorted({x['candidate_process'][:60] for x in slow})) or '-'})")
+    if compare:  # what the order of work and the bounds changed, per run
+        print("\n| run | refused before the build | verifications stopped | baselines measured | baseline s "
+              "| refused sample s | hopeless sample s |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in runs:
+            rows = r["rows"]
+            kind = {x["kind"]: x for x in rows}
+            print(f"| {r['path']} | {sum(x['before_build'] for x in rows)} | {sum(x['verify_stopped'] for x in rows)} | "
+                  f"{sum(x['baseline_cache'] == 'miss' for x in rows)} | {sum(x['baseline_s'] for x in rows):.1f} | "
+                  f"{kind['refused']['wall'] if 'refused' in kind else float('nan'):.1f} | "
+                  f"{kind['hopeless']['wall'] if 'hopeless' in kind else float('nan'):.1f} |")
+        by = {r["path"]: {x["task"]: x for x in r["rows"]} for r in runs}
+        for when in ("fresh", "cached"):
+            a, b = by.get(f"before, baselines {when}"), by.get(f"after, baselines {when}")
+            if a and b:
+                same = [t for t in a if t in b and (a[t]["ok"], a[t]["failure"]) == (b[t]["ok"], b[t]["failure"])]
+                diff = [f"{t}: {a[t]['failure']} -> {b[t]['failure']}" for t in a if t in b and t not in same]
+                ra = next(r for r in runs if r["path"] == f"before, baselines {when}")
+                rb = next(r for r in runs if r["path"] == f"after, baselines {when}")
+                print(f"baselines {when}: verdicts equal {len(same)}/{len(a)} ({'; '.join(diff) or 'no change'}); "
+                      f"throughput after/before {rb['per_min_per_gpu'] / max(1e-9, ra['per_min_per_gpu']):.2f}x")
     if len(runs) == 2:
         a = {x["task"]: x for x in runs[0]["rows"]}
         b = {x["task"]: x for x in runs[1]["rows"]}

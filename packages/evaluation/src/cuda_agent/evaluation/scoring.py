@@ -118,6 +118,7 @@ class ScoringOptions:
     # the judge's options for single files' builds (JudgeOptions fields: prebuild,
     # build_workers, build_jobs, build_timeout, build_arch, prebuilt_cache)
     judge: dict = field(default_factory=dict)
+    sample_workers: int = 0  # a task's samples judged side by side (0: all of them, up to 8; 1: one after another)
 
 
 def judge_for(executor: Any, o: ScoringOptions, pm: Any = None) -> Any:
@@ -188,11 +189,24 @@ class SolutionScorer:
                 failure=FailureCategory.MISSING.value,
                 message="no solution for this task",
             )
-        scored = [self.score_solution(task, s, i) for i, s in enumerate(sols)]
+        scored = self._score_samples(task, sols)
         best = best_result(scored)
         best.samples = [sample_from_result(r, sample=s.sample or f"s{i}", index=i)
                         for i, (s, r) in enumerate(zip(sols, scored))]
         return best
+
+    def _score_samples(self, task: Task, sols: list[Solution]) -> list[TaskResult]:
+        """Every sample of ``task``, side by side (``sample_workers`` at a time): each one's
+        refusals that need no GPU come at once and its build starts in the judge's build pool
+        while the others wait for theirs or for the GPU; the judge measures the task's baselines
+        once, for the first sample that verifies. Results in the samples' order."""
+        n = max(1, min(len(sols), self.o.sample_workers or 8))
+        if n == 1:
+            return [self.score_solution(task, s, i) for i, s in enumerate(sols)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(n, thread_name_prefix="sample") as pool:
+            return list(pool.map(lambda a: self.score_solution(task, a[1], a[0]), enumerate(sols)))
 
 
 def _compiler_name(spec: Any) -> str | None:
