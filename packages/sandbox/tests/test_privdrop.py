@@ -35,8 +35,15 @@ T = "cuda_agent.sandbox.judge.tasks:"
 FAST = {"target_ms": 5, "warmup_ms": 0, "min_iters": 3, "max_iters": 30}
 AGENT_UID = 61999  # stands for the local sandbox's agent user of the workspace
 
-def attack(target: str, when: str) -> str:
-    tamper = f"TARGET = {target!r}\n\n\ndef _tamper():\n    with open(TARGET, 'w') as f:\n        f.write('tampered')\n"
+def attack(target: str | list[str], when: str) -> str:
+    """A candidate that writes each of ``target`` (at import or in forward). Every write is
+    tried; when all are refused it raises the first refusal, so a single write that succeeds
+    leaves the candidate running on (and the job passing)."""
+    targets = [target] if isinstance(target, str) else list(target)
+    tamper = (f"TARGETS = {targets!r}\n\n\ndef _tamper():\n    refused = []\n    for t in TARGETS:\n"
+              "        try:\n            with open(t, 'w') as f:\n                f.write('tampered')\n"
+              "        except (PermissionError, FileNotFoundError) as exc:\n            refused.append(exc)\n"
+              "    if len(refused) == len(TARGETS):\n        raise refused[0]\n")
     return hooked_relu_new(at_import=tamper + ("_tamper()" if when == "import" else ""),
                            in_forward="_tamper()" if when == "forward" else "pass")
 
@@ -200,28 +207,30 @@ def _targets(setup) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize("what", ["baseline_cache", "model.py", "tools/profile.py", "root", "etc"])
+WHERE = ["baseline_cache", "model.py", "tools/profile.py", "root", "etc"]
+
+
 @pytest.mark.parametrize("when", ["forward", "import"])
-def test_candidate_cannot_write_outside(executor, setup, what, when):
+def test_candidate_cannot_write_outside(executor, setup, when):
+    """One candidate tries every target (a baseline record, the read-only task and tool files,
+    /root, /etc) in each of its jobs (verify, profile, evaluate): every write must be refused."""
     ws = setup["ws"]
     if not cache_files(setup):  # the baselines exist before the attack
         assert run(executor, "profile", ws, options=popts(setup)).ok
-    if what == "baseline_cache":
-        target = next(iter(cache_files(setup)))
-    else:
-        target = _targets(setup)[what]
-    before = target.read_bytes() if target.exists() else None
+    targets = {"baseline_cache": next(iter(cache_files(setup))), **{k: v for k, v in _targets(setup).items()}}
+    assert list(targets) == WHERE
+    before = {w: (t.read_bytes() if t.exists() else None) for w, t in targets.items()}
     cache_before = cache_files(setup)
     honest = (ws / "model_new.py").read_text()
     try:
-        (ws / "model_new.py").write_text(attack(str(target), when))
+        (ws / "model_new.py").write_text(attack([str(t) for t in targets.values()], when))
         v = run(executor, "verify", ws, options={"seed": 3})
         p = run(executor, "profile", ws, options=popts(setup))
         ev, ep = run(executor, "evaluate", ws, verify_options={"seed": 4}, profile_options=popts(setup))
     finally:
         (ws / "model_new.py").write_text(honest)
     for r in (v, p, ev):
-        assert not r.ok
+        assert not r.ok  # a single write that went through would have let the candidate pass
         # a file the user may not write, or may not even see (hidden behind a closed folder)
         assert "PermissionError" in r.message or "FileNotFoundError" in r.message, r.message
         assert r.failure == (FailureCategory.COMPILE_ERROR if when == "import" else FailureCategory.CRASH), r.message
@@ -231,11 +240,26 @@ def test_candidate_cannot_write_outside(executor, setup, what, when):
         assert "importing model_new.py failed" in v.message
     else:
         assert "ModelNew.forward raised" in v.message and "ModelNew failed while being timed" in p.message
-    assert (target.read_bytes() if target.exists() else None) == before
+    assert {w: (t.read_bytes() if t.exists() else None) for w, t in targets.items()} == before
     assert cache_files(setup) == cache_before
-    if what == "baseline_cache":  # still served from the cache afterwards
-        again = run(executor, "profile", ws, options=popts(setup))
-        assert again.ok and again.metadata["baseline_cache"] == "hit", again.message
+    again = run(executor, "profile", ws, options=popts(setup))  # still served from the cache afterwards
+    assert again.ok and again.metadata["baseline_cache"] == "hit", again.message
+
+
+def test_the_combined_write_attack_fails_only_when_every_write_is_refused(tmp_path):
+    """The attack above is no candidate that always fails: its tamper code, run here, writes
+    what it may and raises only when every target refused it."""
+    import re
+
+    code = attack([str(tmp_path / "missing" / "x"), str(tmp_path / "allowed")], "forward")
+    tamper = re.search(r"TARGETS = .*?raise refused\[0\]\n", code, re.S).group(0)
+    scope: dict = {}
+    exec(tamper, scope)
+    scope["_tamper"]()  # one write went through: no error
+    assert (tmp_path / "allowed").read_text() == "tampered"
+    scope["TARGETS"] = [str(tmp_path / "missing" / "x"), str(tmp_path / "missing" / "y")]
+    with pytest.raises(FileNotFoundError):
+        scope["_tamper"]()
 
 
 def test_rebase_keeps_paths_outside_the_workspace(tmp_path):
