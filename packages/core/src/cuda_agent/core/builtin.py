@@ -33,3 +33,10 @@ def register_config_schemas(register):
     from .agent.loop import AgentOptions
 
     register("agent", AgentOptions)
+
+
+@hookimpl
+def register_commands(cli):
+    from .models.cli import models_cmd
+
+    cli.add_command(models_cmd)

@@ -8,6 +8,7 @@ header. A formatter is chosen by name (``AgentOptions.tool_format``); add one to
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -59,3 +60,25 @@ def get_format(name: str) -> ToolFormat:
     if name not in FORMATS:
         raise ConfigError(f"unknown tool_format {name!r}; {did_you_mean(name, FORMATS)}")
     return FORMATS[name]
+
+
+def tools_system_text(schemas: list[dict]) -> str:
+    """The tool list and call format as Hermes-style templates (Qwen2.5) write them, for chat
+    templates that have no place for tools."""
+    lines = [json.dumps(s) for s in schemas]
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            + "\n".join(lines) + "\n</tools>\n\nFor each function call, return a json object with function name "
+            "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def with_tools_in_system(messages: list[dict], schemas: list[dict]) -> list[dict]:
+    """``messages`` with the tool text appended to the system message (one is added first when none)."""
+    text = tools_system_text(schemas)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{text}"
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out

@@ -17,7 +17,7 @@ from ..tools.base import ToolContext, ToolError
 from ..types import INFRA_ERROR, Candidate, Task, ToolCall, ToolResult, Trajectory, Turn
 from .budget import ContextBudget, truncate_middle
 from .environment import Environment
-from .formats import get_format
+from .formats import get_format, with_tools_in_system
 from .toolcalls import parse_tool_calls
 
 
@@ -111,8 +111,27 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+def template_renders_tools(tokenizer: Any, messages: list[dict], schemas: list[dict]) -> bool:
+    """Whether the tokenizer's chat template writes the tool schemas into the prompt (many
+    instruct models' templates, SmolLM2's among them, drop them without a word)."""
+    if not schemas:
+        return True
+    try:
+        plain = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        with_tools = tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
+    except Exception:
+        return True
+    return plain != with_tools
+
+
 def render_prompt_ids(tokenizer: Any, messages: list[dict], schemas: list[dict]) -> list[int]:
-    """Token ids of the initial prompt (chat template applied once, with the generation header)."""
+    """Token ids of the initial prompt (chat template applied once, with the generation header).
+
+    A template that ignores ``tools`` gets them in the system message instead, with the
+    ``<tool_call>`` format the loop parses (:func:`~.formats.tools_system_text`)."""
+    if schemas and not template_renders_tools(tokenizer, messages, schemas):
+        messages = with_tools_in_system(messages, schemas)
+        schemas = []
     out = tokenizer.apply_chat_template(messages, tools=schemas or None, add_generation_prompt=True, tokenize=True)
     if hasattr(out, "keys"):
         out = out["input_ids"]

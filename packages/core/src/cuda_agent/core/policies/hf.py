@@ -14,7 +14,7 @@ from ..interfaces import Policy
 
 @dataclass
 class HFOptions:
-    model: str = ""  # a local model folder (or a name the transformers cache already holds)
+    model: str = ""  # a local model folder, or a known model's name (cuda-agent models list)
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16 | float16
     max_new_tokens: int = 512  # default cap of one turn (the loop's max_tokens wins when smaller)
@@ -52,12 +52,17 @@ class HFPolicy(Policy):
         dtype = getattr(torch, o.dtype, None)
         if dtype is None:
             raise ConfigError(f"policy hf: unknown dtype {o.dtype!r}")
-        self.tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(o.model)
+        path = o.model
+        if tokenizer is None or model is None:
+            from ..models import resolve_model
+
+            path = resolve_model(o.model)
+        self.tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(path)
         if model is None:
             try:
-                model = transformers.AutoModelForCausalLM.from_pretrained(o.model, dtype=dtype)
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             except TypeError:  # older transformers
-                model = transformers.AutoModelForCausalLM.from_pretrained(o.model, torch_dtype=dtype)
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
         self.model = model.to(o.device).eval()
         self.stop_ids = set()
         if self.tokenizer.eos_token_id is not None:

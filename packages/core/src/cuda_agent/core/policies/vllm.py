@@ -28,7 +28,7 @@ from .batching import BatchStats, RequestBatcher, zero_stats
 
 @dataclass
 class VLLMOptions:
-    model: str = ""
+    model: str = ""  # a local model folder, or a known model's name (cuda-agent models list)
     dtype: str = "auto"
     gpu_memory_utilization: float = 0.8
     max_model_len: int = 131072
@@ -64,13 +64,14 @@ class VLLMPolicy(BatchStats, Policy):
         o = self.options
         if not o.model:
             raise ConfigError("policy vllm needs options.model")
+        from ..models import resolve_model
         from .weight_sync import EXTENSION
 
         self._vllm = vllm
         args = {"worker_extension_cls": EXTENSION, **o.engine_args}
         if o.logprobs_mode:
             args.setdefault("logprobs_mode", o.logprobs_mode)
-        self.llm = vllm.LLM(model=o.model, dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
+        self.llm = vllm.LLM(model=resolve_model(o.model), dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
                             max_model_len=o.max_model_len, tensor_parallel_size=o.tensor_parallel_size,
                             seed=o.seed or 0, **args)
         self.weights_version = 0
