@@ -135,6 +135,11 @@ def setup(tmp_path):
     return tmp_path
 
 
+def baseline_overrides(tmp: Path) -> list[str]:
+    """The overrides of :func:`overrides` that `cuda-agent baselines` reads (it refuses the others)."""
+    return [o for o in overrides(tmp) if not o.startswith(("eval.solutions=", "run.", "eval.workers=", "logging."))]
+
+
 def overrides(tmp: Path) -> list[str]:
     return [
         "eval.dataset.name=kernelbench",
@@ -165,19 +170,19 @@ def test_score_folder_on_cpu(setup, capsys):
     from cuda_agent.evaluation.evaluate import evaluate
 
     # baselines first: measured once into the cache, where the profiling job finds them
-    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false"]) == 0
+    assert main(["baselines", *baseline_overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false"]) == 0
     out = capsys.readouterr().out
     assert "1 tasks (1 measured now, 0 from the cache, 0 failed)" in out and " spread " in out
     # a noisy record is measured again on request; a steady one stays
-    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
+    assert main(["baselines", *baseline_overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
                  "--refresh-spread", "100"]) == 0
     assert "(0 measured now, 1 from the cache" in capsys.readouterr().out
     # a record replaced says why in the table's note
-    assert main(["baselines", *overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
+    assert main(["baselines", *baseline_overrides(setup), "eval.ids=[L1/1_Add]", "eval.progress=false",
                  "--refresh-spread", "1e-12"]) == 0
     out = capsys.readouterr().out
     assert "(1 measured now, 0 from the cache" in out and "measured again: refresh: a spread above refresh_spread" in out
-    assert main(["baselines", *overrides(setup), "--refresh-spread", "0"]) != 0
+    assert main(["baselines", *baseline_overrides(setup), "--refresh-spread", "0"]) != 0
     assert "--refresh-spread must be > 0" in capsys.readouterr().err
     cfg = compose([], overrides(setup) + ["eval.progress=false"])
     out = evaluate(cfg)
