@@ -4,7 +4,10 @@ Run from the repo root on a GPU machine, as root: ``python3 scripts/gpu/judge_ch
 A CUDA ReLU (built once by the ``cpp_extension`` compiler, loaded through the workspace's
 runtime) is verified and profiled through the ``local`` executor, then every attack of
 ``cuda_agent.sandbox.judge.attacks`` on top of it, plus a candidate that leaves a process
-running and one that tries to signal and read the trusted worker. Prints one row per
+running and one that tries to signal and read the trusted worker. Then the attacks on how
+timed calls' inputs relate (``attacks.INPUT_RELATIONS``: a kept matmul rescaled or shifted,
+stale or copied rows, a log of a signed input computed on the spot-checked calls only), each
+beside its honest twin (torch's own operator, timed twice), profiled only. Prints one row per
 candidate: verdict, the rule that refused it, its time against the honest kernel's (the
 honest kernel is timed three times; their spread is the noise); writes JSON under ``$OUT``.
 """
@@ -113,18 +116,20 @@ def main() -> int:
     ex = LocalExecutor(LocalExecutorOptions(device_count=1, timeout=600)).start()
     rows: list[dict] = []
 
-    def run(name: str, kind: str, code: str, what: str = "", **options) -> dict:
-        (root / "model_new.py").write_text(code)
+    def run(name: str, kind: str, code: str, what: str = "", where: Path | None = None, **options) -> dict:
+        (where or root).joinpath("model_new.py").write_text(code)
         opts = {"seed": 11, **options}
         if kind == "profile":
             opts.update(baseline_cache_dir=str(cache), compile_baseline=False)
         t = time.perf_counter()
-        r = ex.run(Job(f"cuda_agent.sandbox.judge.tasks:{kind}", {"workspace": str(root), "options": opts}, kind=kind))
+        r = ex.run(Job(f"cuda_agent.sandbox.judge.tasks:{kind}", {"workspace": str(where or root), "options": opts},
+                       kind=kind))
         row = {"candidate": name, "job": kind, "ok": r.ok, "failure": r.failure.value, "rule": rule_of(r.message),
                "ms": r.candidate.median_ms if kind == "profile" and r.ok and r.candidate else None,
                "job_s": round(time.perf_counter() - t, 2), "what": what, "message": r.message[:300],
                "loops": r.metadata.get("timing_loops"), "left": r.metadata.get("job_left_running_after_end"),
-               "pidns": r.metadata.get("job_pid_namespace"), "transfer": r.metadata.get("output_transfer", "cuda_ipc")}
+               "pidns": r.metadata.get("job_pid_namespace"), "transfer": r.metadata.get("output_transfer", "cuda_ipc"),
+               "charged": r.metadata.get("timing_charged"), "checks": r.metadata.get("checksum_statistics")}
         rows.append(row)
         print(f"{name:20s} {kind:8s} ok={r.ok!s:5s} {row['rule'] or row['failure']:22s} "
               f"{(row['ms'] or 0):.4f} ms  {row['job_s']:.1f} s  {r.message[:120]}", flush=True)
@@ -164,6 +169,9 @@ def main() -> int:
                     pass
     ''')
     run("signal_trusted", "verify", candidate(probe), "signals and reads the trusted worker", static_checks=[])
+    n_main = len(rows)
+    relations = relation_checks(run, tmp)
+    del rows[n_main:]  # the relation attacks have a table of their own
     ex.close()
 
     lo, hi = min(base), max(base)
@@ -172,18 +180,69 @@ def main() -> int:
     print(f"{'candidate':20s} {'job':8s} {'verdict':10s} {'rule':24s} {'ms':>9s} {'vs honest':>10s}")
     within = True
     for r in rows:
-        verdict = "correct" if r["ok"] else "refused"
+        verdict = ("charged" if r.get("charged") else "correct") if r["ok"] else "refused"
         vs = f"{r['ms'] / lo:9.3f}x" if r["ms"] else ""
-        if r["candidate"] != "honest" and r["ms"] and not (0.95 * lo <= r["ms"] <= 1.05 * hi):
+        # an attack timed faster than the honest kernel's fastest timing less 5% paid off; slower
+        # (a charged loop carries the loop-overhead estimate's error) did not
+        if r["candidate"] != "honest" and r["ms"] and r["ms"] < 0.95 * lo:
             within = False
             vs += " !"
         print(f"{r['candidate']:20s} {r['job']:8s} {verdict:10s} {(r['rule'] or r['failure'])[:24]:24s} "
               f"{(r['ms'] or 0):9.4f} {vs:>10s}")
-    bad = [r["candidate"] for r in rows if r["candidate"] in ("forged_reply", "skipped_calls", "compare_code_swap",
+    # a forged reply is timed by the trusted clock (charged), not refused: "within" covers it
+    bad = [r["candidate"] for r in rows if r["candidate"] in ("skipped_calls", "compare_code_swap",
                                                              "steal_reference", "harness_import") and r["ok"]]
     print(f"attacks accepted that must be refused: {bad or 'none'}; timed attacks within 5% of honest: {within}; "
           f"processes left by the leak: {leak_row['survivors']}")
-    return 0 if not bad and within and leak_row["survivors"] == 0 else 1
+    rel_ok = print_relations(relations)
+    return 0 if not bad and within and leak_row["survivors"] == 0 and rel_ok else 1
+
+
+RELATION_SIZES = {"matmul": 4096, "log": 8192}
+
+
+def relation_checks(run, tmp: Path) -> list[dict]:
+    """The input-relation attacks, each task's honest twin timed before and after them."""
+    from cuda_agent.core.types import Task
+    from cuda_agent.sandbox.judge import attacks
+    from cuda_agent.sandbox.workspace.workspace import create_workspace
+
+    rows = []
+    for task, code in attacks.RELATION_TASKS.items():
+        code = code.replace("SIZE", str(RELATION_SIZES[task]))
+        where = Path(create_workspace(Task(id=f"rel_{task}", source="check", code=code), tmp / f"rel-{task}",
+                                      backend="cuda", compiler="cpp_extension").root)
+        honest = attacks.HONEST_RELATION[task].module(attacks.RELATION_HONEST[task])
+        rows.append({**run(f"honest_{task}", "profile", honest, where=where), "task": task, "expect": "honest"})
+        for a in attacks.INPUT_RELATIONS:
+            if a.task == task:
+                row = run(a.name, "profile", a.module(attacks.RELATION_HONEST[task]), a.what, where=where)
+                rows.append({**row, "task": task, "expect": a.expect})
+        rows.append({**run(f"honest_{task}", "profile", honest, where=where), "task": task, "expect": "honest"})
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "judge_relations.json").write_text(json.dumps(rows, indent=1, default=str))
+    return rows
+
+
+def print_relations(rows: list[dict]) -> bool:
+    """The relation attacks' table; True when each is refused as expected, or timed no faster
+    than 95% of its honest twin's fastest timing, and every honest twin passed."""
+    print()
+    print(f"{'task':7s} {'candidate':20s} {'expect':8s} {'verdict':8s} {'rule':18s} {'ms':>9s} {'vs honest':>10s} "
+          f"{'checks':>8s}")
+    ok = True
+    for task in sorted({r["task"] for r in rows}):
+        base = [r["ms"] for r in rows if r["task"] == task and r["candidate"].startswith("honest") and r["ms"]]
+        lo = min(base) if base else 0.0
+        for r in (r for r in rows if r["task"] == task):
+            verdict = "correct" if r["ok"] else "refused"
+            good = (not r["ok"]) if r["expect"] == "refused" else (r["ok"] and r["ms"] and r["ms"] >= 0.95 * lo)
+            ok = ok and bool(good)
+            vs = f"{r['ms'] / lo:9.3f}x" if r["ms"] and lo else ""
+            print(f"{task:7s} {r['candidate']:20s} {r['expect']:8s} {verdict:8s} {(r['rule'] or r['failure'])[:18]:18s} "
+                  f"{(r['ms'] or 0):9.4f} {vs:>10s} {len(r.get('checks') or []):8d}{'' if good else '  !'}")
+    print(f"input-relation attacks: {'every one refused or timed like its honest twin' if ok else 'NOT all held'}")
+    return ok
 
 
 def _has(pid: str, marker: str) -> bool:

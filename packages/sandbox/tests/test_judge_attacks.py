@@ -132,6 +132,17 @@ def test_a_forged_reply_of_the_timing_loop_is_timed_by_the_trusted_clock(executo
     assert honest_or_refused(executor, ws, p, honest_ms) == "honest"
 
 
+def test_reported_times_reshaped_around_their_sum_have_their_median_raised():
+    """(On a GPU, scripts/gpu/judge_checks.py runs the attack itself: median_forged.)"""
+    from cuda_agent.sandbox.judge.timing import SKEW, skew_bounded
+
+    honest = [1.0, 1.01, 0.99, 1.02, 1.0]
+    assert skew_bounded(honest) == (honest, {})
+    forged = [1 / 8] * 6 + [(5 - 6 / 8) / 4] * 4  # the same sum as five 1 ms calls, twice over
+    raised, why = skew_bounded(forged)
+    assert why and sorted(raised)[len(raised) // 2] >= sum(forged) / len(forged) / (1 + SKEW) - 1e-9
+
+
 def test_a_loop_that_skips_its_calls_is_refused_by_the_checksums(executor, ws):
     attack = next(a for a in attacks.FORGED_REPLIES if a.name == "skipped_calls")
     p = job(executor, ws, attack.kind, candidate(attack), **attack.options())

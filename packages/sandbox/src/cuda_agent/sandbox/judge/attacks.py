@@ -280,3 +280,54 @@ INPUT_RELATIONS = (
             return torch.where(x < 0, float("nan"), x)  # NaN where the reference has it, the rest not computed
     '''), "refused", "writes NaN exactly where the reference has it and skips the rest"),
 )
+
+# the reported samples reshaped: their sum kept (it fits the trusted clock), their median not
+REPORT_SHAPES = (
+    Attack("median_forged", "profile", BLIND + _dedent('''
+        import sys
+        _C = sys.modules["__main__"]
+        _real = _C._COMMANDS["loop"]
+        def _reshaped(st, msg):
+            r = _real(st, msg)
+            s = r["samples"]
+            n, total = len(s), sum(s)
+            small = [x / 8 for x in s[: n * 6 // 10]]  # most calls an eighth ...
+            big = (total - sum(small)) / max(1, n - len(small))  # ... the rest carry the difference
+            r["samples"] = small + [big] * (n - len(small))
+            return r
+        _C._COMMANDS["loop"] = _reshaped
+    '''), what="most calls reported at an eighth, a few carrying the rest: the sum fits the clock"),
+)
+ALL = ALL + REPORT_SHAPES
+
+# ways past the static checks' names (static checks on): a method handed a module as self, a
+# module kept where names cannot follow it, and C++ built inside the job that runs Python
+# under names the preprocessor assembles (judged where it is mapped, rule native.python-api)
+STATIC_ATTACKS = (
+    Attack("self_is_torch", "verify", _dedent('''
+        class _Box:
+            def get(self, name):
+                return getattr(self, name)
+        _Box.get(torch, "_" + "C")._set_grad_enabled(True)
+    '''), static=True, what="a method called through its class with torch as self reaches torch._C"),
+    Attack("module_in_attribute", "verify", _dedent('''
+        class _Hold:
+            t = torch
+        _Hold.t._C._set_grad_enabled(True)
+    '''), static=True, what="torch kept in a class attribute, where the names cannot follow it"),
+    Attack("cxx_runs_python", "verify", _dedent(r"""
+        import ctypes as _ct, os as _os, subprocess as _sp, tempfile as _tf
+        _d = _tf.mkdtemp()
+        with open(_os.path.join(_d, "p.cpp"), "w") as _f:
+            _f.write('#define CAT(a, b) a##b\n'
+                     'extern "C" int CAT(PyGILState_, Ensure)();\n'
+                     'extern "C" void CAT(PyGILState_, Release)(int);\n'
+                     'extern "C" int CAT(PyRun_, SimpleString)(const char*);\n'
+                     'extern "C" void run() { int g = CAT(PyGILState_, Ensure)();\n'
+                     '  CAT(PyRun_, SimpleString)("import torch; torch._C._set_grad_enabled(True)");\n'
+                     '  CAT(PyGILState_, Release)(g); }\n')
+        _sp.run(["g++", "-shared", "-fPIC", _os.path.join(_d, "p.cpp"), "-o", _os.path.join(_d, "p.so")], check=True)
+        _ct.CDLL(_os.path.join(_d, "p.so")).run()
+    """), static=True, what="C++ built at import runs Python (names assembled by the preprocessor)"),
+)
+ALL = ALL + STATIC_ATTACKS

@@ -239,14 +239,14 @@ def _flat(t: Any) -> Any:
     return t.reshape(-1)
 
 
-def _nonfinite_code(flat: Any) -> Any:
-    """1 where NaN, 2 where +Inf, 3 where -Inf, else 0 (float64)."""
+def _split_nonfinite(flat: Any) -> tuple[Any, Any]:
+    """(``flat`` with NaN/Inf as 0, a code that is 1 where NaN, 2 where +Inf, 3 where -Inf and 0
+    elsewhere, in float64): a finite ``x`` minus itself is exactly 0."""
     import torch
 
-    code = torch.isnan(flat).to(torch.float64)
-    code += (flat == math.inf).to(torch.float64) * 2
-    code += (flat == -math.inf).to(torch.float64) * 3
-    return code
+    clean = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+    code = torch.nan_to_num(flat, nan=1.0, posinf=2.0, neginf=3.0).sub_(clean)
+    return clean, code.to(torch.float64)
 
 
 class Checksums:
@@ -299,20 +299,18 @@ class Checksums:
             flat = _flat(t)
             if flat.numel() == 0:
                 continue
-            if self.full:
-                code = _nonfinite_code(flat)
-                pos = self.positions(flat.numel())
-                for c in range(0, flat.numel(), PERIOD):
-                    seg = code[c:c + PERIOD]
-                    row[2].add_(torch.dot(seg, pos[:seg.numel()]))
-                row[3].add_(torch.count_nonzero(code).to(torch.float64))
-                flat = torch.where(torch.isfinite(flat), flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
-            _sum_of_squares_into(flat, row[0])
             if flat.dtype not in (torch.float32, torch.float64):
                 flat = flat.to(torch.float32)
             w = self._weights_as(flat.numel(), flat.dtype)
-            for c in range(0, flat.numel(), PERIOD):
+            pos = self.positions(flat.numel()) if self.full else None
+            for c in range(0, flat.numel(), PERIOD):  # chunk by chunk: temporaries of a chunk's size
                 seg = flat[c:c + PERIOD]
+                if pos is not None:
+                    seg, code = _split_nonfinite(seg)
+                    row[2].add_(torch.dot(code, pos[:seg.numel()]))
+                    row[3].add_(code.clamp(max=1.0).sum())  # the count (codes are 0..3; count_nonzero is slow)
+                    del code
+                _sum_of_squares_into(seg, row[0])
                 row[1].add_(torch.dot(seg, w[:seg.numel()]).to(torch.float64))
 
     def slots(self, n: int) -> Any:
@@ -336,10 +334,9 @@ class Checksums:
                 r = flat[c:c + PERIOD].to(torch.float64)
                 fin = torch.isfinite(r)
                 if not bool(fin.all()):
-                    code = _nonfinite_code(r)
+                    r, code = _split_nonfinite(r)
                     fp += float(torch.dot(code, self.positions(flat.numel())[:r.numel()]))
-                    count += float(torch.count_nonzero(code))
-                    r = torch.where(fin, r, torch.zeros((), dtype=r.dtype, device=r.device))
+                    count += float(code.clamp(max=1.0).sum())
                 e = torch.where(fin, atol + rtol * r.abs(), torch.zeros((), dtype=r.dtype, device=r.device))
                 sq += float(r.square().sum())
                 sq_slack += float((e * (2 * r.abs() + e)).sum())
