@@ -32,7 +32,7 @@ torch = pytest.importorskip("torch")
 from cuda_agent.core.types import FailureCategory  # noqa: E402
 from cuda_agent.sandbox.executors import CpuExecutor, Job  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutorOptions  # noqa: E402
-from cuda_agent.sandbox.judge import prebuild  # noqa: E402
+from cuda_agent.sandbox.judge import attacks, prebuild  # noqa: E402
 from cuda_agent.sandbox.judge.checks import native_symbols, run_static_checks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,6 +51,10 @@ def refusals(tmp_path: Path, code: str) -> list[str]:
 
 
 # --- 1. computed names and values the names cannot follow --------------------------------
+
+# what torch.save writes for an object whose __reduce__ is (exec, ("import torch",))
+EXEC_PICKLE = (b'\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.\x80\x02}q\x00(X\x10\x00\x00\x00protocol_versionq\x01M\xe9\x03X\r\x00\x00\x00little_endianq\x02\x88X\n\x00\x00\x00type_sizesq\x03}q\x04(X\x05\x00\x00\x00'
+               b'shortq\x05K\x02X\x03\x00\x00\x00intq\x06K\x04X\x04\x00\x00\x00longq\x07K\x04uu.\x80\x02c__builtin__\nexec\nq\x00X\x0c\x00\x00\x00import torchq\x01\x85q\x02Rq\x03.\x80\x02]q\x00.')
 
 PY_ATTACKS = {
     # a plain function whose first parameter is called self
@@ -260,6 +264,13 @@ PY_ATTACKS = {
                 base = type(self).__mro__[-1]
                 return x
     ''',
+    # a pickle (torch's legacy format) that runs builtins.exec when torch unpickles it
+    "pickle_through_torch_load": "import io\nimport torch\n_blob = " + repr(EXEC_PICKLE)
+                                 + "\ntorch.load(io.BytesIO(_blob), weights_only=False)\n",
+    "import_by_name_through_torch_ops": '''
+        import torch
+        torch.ops.import_module("cuda_agent.sandbox.judge")
+    ''',
     "import_in_class_body": '''
         import torch.nn as nn
         class ModelNew(nn.Module):
@@ -400,10 +411,13 @@ def test_a_method_taken_from_its_class_is_refused(tmp_path):
 
 
 @as_root
-def test_verification_refuses_it_before_anything_is_imported(executor, ws):
-    v = verify(executor, ws, hooked_relu_new(at_import=SELF_AT_IMPORT.format(what=SELF_WAYS["torch._C"])))
+@pytest.mark.parametrize("attack", attacks.STATIC_ATTACKS, ids=lambda a: a.name)
+def test_the_judge_refuses_the_ways_past_the_names(executor, ws, attack):
+    """The entries of ``judge.attacks`` (``scripts/gpu/judge_checks.py`` runs them on a GPU)."""
+    v = verify(executor, ws, hooked_relu_new(attack.at_import, attack.in_forward, attack.ret), **attack.options())
     assert not v.ok and v.failure is FailureCategory.FORBIDDEN_OP, v.message
-    assert "rule static.guard-tampering" in v.message, v.message
+    rule = "native.python-api" if attack.name == "cxx_runs_python" else "static.guard-tampering"
+    assert f"rule {rule}" in v.message, v.message
 
 
 @as_root
@@ -664,3 +678,35 @@ def test_a_library_built_and_loaded_inside_the_job_is_judged_where_it_is_mapped(
                                  model_new=in_job_build()).root)
     v = verify(executor, honest)
     assert v.ok, v.message
+
+
+NVCC_HONEST = r'''
+__global__ void k(float* y, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 0.f; }
+extern "C" int launch(float* y, int n) { k<<<(n + 255) / 256, 256>>>(y, n); return (int)cudaGetLastError(); }
+'''
+NVCC_DLSYM = "#include <dlfcn.h>\n" + NVCC_HONEST.replace(
+    "{ k<<<", '{ auto r = (int (*)(const char*))dlsym(RTLD_DEFAULT, "PyRun_SimpleString"); if (r) r("import torch");\n'
+    "  k<<<")
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="needs nvcc (no GPU needed)")
+def test_a_cuda_library_with_the_runtime_linked_in_is_judged_by_what_it_names(tmp_path):
+    """nvcc's default links the CUDA runtime in, and the runtime loads the driver with dlopen
+    and dlsym itself: there the library's names of the interpreter are what is judged."""
+    built = {}
+    for name, src, cudart in (("honest", NVCC_HONEST, "static"), ("dlsym", NVCC_DLSYM, "static"),
+                              ("dlsym_shared", NVCC_DLSYM, "shared")):
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(src)
+        so = tmp_path / f"{name}.so"
+        res = subprocess.run(["nvcc", "-shared", "-cudart", cudart, "-Xcompiler", "-fPIC", str(cu), "-o", str(so)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-1500:]
+        built[name] = so
+    syms = native_symbols.read_symbols(built["honest"])
+    assert syms.static_cuda_runtime and "dlsym" in syms.undefined  # the runtime's own lookups
+    assert native_symbols.check_file(built["honest"], "ctypes") == []
+    found = native_symbols.check_file(built["dlsym"], "ctypes")
+    assert found and "names PyRun_SimpleString" in found[0] and "rule native.python-api" in found[0], found
+    found = native_symbols.check_file(built["dlsym_shared"], "ctypes")
+    assert found and "calls dlsym()" in found[0], found

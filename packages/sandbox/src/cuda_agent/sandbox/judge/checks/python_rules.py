@@ -150,13 +150,17 @@ TAMPER_ATTRS = frozenset(
         "ctypes.py_object", "operator.attrgetter", "operator.methodcaller", "builtins.globals",
         "builtins.vars", "builtins.locals", "builtins.breakpoint", "builtins.__import__",
         "builtins.delattr", "types.FunctionType", "types.CodeType",
+        # what unpickles or imports by a name given at run time: code the names never show
+        "torch.load", "torch.serialization", "torch.hub", "torch.package", "torch.ops.import_module",
+        "numpy.load", "numpy.lib.npyio",
     }
 )
 # modules a candidate has no use for that reach the interpreter, other threads, signals or
 # the harness itself (``cuda_agent``; the workspace's ``cuda_agent_runtime`` is its own)
 TAMPER_MODULES = frozenset({"inspect", "gc", "builtins", "traceback", "threading", "multiprocessing", "signal",
                             "atexit", "cuda_agent", "_thread", "faulthandler", "tracemalloc", "dis", "code",
-                            "codeop", "marshal", "pickle", "copyreg", "weakref"})
+                            "codeop", "marshal", "pickle", "_pickle", "copyreg", "weakref", "shelve", "dill",
+                            "cloudpickle", "joblib"})
 # attributes of the interpreter's internals: functions' code and globals, frames, classes' graphs
 INTERNAL_ATTRS = frozenset(
     {
