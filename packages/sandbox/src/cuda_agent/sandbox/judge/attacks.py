@@ -331,35 +331,3 @@ STATIC_ATTACKS = (
     """), static=True, what="C++ built at import runs Python (names assembled by the preprocessor)"),
 )
 ALL = ALL + STATIC_ATTACKS
-
-# ways past the static checks' names (static checks on): a method handed a module as self, a
-# module kept where names cannot follow it, and C++ built inside the job that runs Python
-# under names the preprocessor assembles (judged where it is mapped, rule native.python-api)
-STATIC_ATTACKS = (
-    Attack("self_is_torch", "verify", _dedent('''
-        class _Box:
-            def get(self, name):
-                return getattr(self, name)
-        _Box.get(torch, "_" + "C")._set_grad_enabled(True)
-    '''), static=True, what="a method called through its class with torch as self reaches torch._C"),
-    Attack("module_in_attribute", "verify", _dedent('''
-        class _Hold:
-            t = torch
-        _Hold.t._C._set_grad_enabled(True)
-    '''), static=True, what="torch kept in a class attribute, where the names cannot follow it"),
-    Attack("cxx_runs_python", "verify", _dedent(r"""
-        import ctypes as _ct, os as _os, subprocess as _sp, tempfile as _tf
-        _d = _tf.mkdtemp()
-        with open(_os.path.join(_d, "p.cpp"), "w") as _f:
-            _f.write('#define CAT(a, b) a##b\n'
-                     'extern "C" int CAT(PyGILState_, Ensure)();\n'
-                     'extern "C" void CAT(PyGILState_, Release)(int);\n'
-                     'extern "C" int CAT(PyRun_, SimpleString)(const char*);\n'
-                     'extern "C" void run() { int g = CAT(PyGILState_, Ensure)();\n'
-                     '  CAT(PyRun_, SimpleString)("import torch; torch._C._set_grad_enabled(True)");\n'
-                     '  CAT(PyGILState_, Release)(g); }\n')
-        _sp.run(["g++", "-shared", "-fPIC", _os.path.join(_d, "p.cpp"), "-o", _os.path.join(_d, "p.so")], check=True)
-        _ct.CDLL(_os.path.join(_d, "p.so")).run()
-    """), static=True, what="C++ built at import runs Python (names assembled by the preprocessor)"),
-)
-ALL = ALL + STATIC_ATTACKS
