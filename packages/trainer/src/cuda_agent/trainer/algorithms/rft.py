@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from cuda_agent.core.errors import ConfigError
 
 from cuda_agent.core.types import Trajectory
 
@@ -28,6 +31,10 @@ class RFTOptions:
     drop_malformed: bool = True
     drop_truncated: bool = False  # also drop episodes that ran out of context
     temperature: float = 1.0
+    # collect: the stage's own rollouts; file: supervised fine-tuning on recorded trajectories
+    # (token-exact, e.g. an expert's episodes; the same filters apply) read from `trajectories`
+    source: str = "collect"
+    trajectories: str = ""  # a .jsonl of trajectories (rollout.save_trajectories), for source: file
 
 
 def call_signature(call) -> str:
@@ -64,6 +71,11 @@ class RFT(TrainAlgorithm):
     def __init__(self, options=None):
         super().__init__(options)
         check_common(self.options, "algorithm rft")
+        if self.options.source not in ("collect", "file"):
+            raise ConfigError(f"algorithm rft: source={self.options.source!r}; valid: collect, file")
+        if self.options.source == "file" and not Path(self.options.trajectories or "").is_file():
+            raise ConfigError(f"algorithm rft: source file needs trajectories, a .jsonl file "
+                              f"(not found: {self.options.trajectories!r})")
 
     @property
     def needs_reference(self) -> bool:
