@@ -330,3 +330,19 @@ def test_no_build_user_process_is_left(tmp_path):
         if any(BUILD_UID_BASE <= int(u) < BUILD_UID_BASE + BUILD_UID_COUNT for u in uids):
             left.append(pid)
     assert not left
+
+
+def test_a_toolchain_header_read_through_a_link_is_the_toolchains(tmp_path):
+    # nvcc under /usr/local/cuda -> /usr/local/cuda-13.0 reads its headers by the link's name
+    from cuda_agent.sandbox.compilers.source_check import allowed_roots, outside_reads
+
+    real = tmp_path / "cuda-13.0" / "targets" / "include"
+    real.mkdir(parents=True)
+    (real / "cuda_runtime.h").write_text("// toolchain\n")
+    link = tmp_path / "cuda"
+    link.symlink_to(tmp_path / "cuda-13.0")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    roots = allowed_roots([str(tmp_path / "cuda-13.0")])
+    read = [str(link / "targets" / "include" / "cuda_runtime.h"), str(secret)]
+    assert outside_reads(read, str(tmp_path), roots) == [str(secret)]

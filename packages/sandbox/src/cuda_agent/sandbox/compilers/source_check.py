@@ -63,7 +63,9 @@ def outside_reads(deps: list[str], cwd: str, roots: list[str]) -> list[str]:
     bad = []
     for d in deps:
         p = os.path.normpath(d if os.path.isabs(d) else os.path.join(cwd, d))
-        if not any(_under(p, r) for r in roots):
+        # a toolchain reached through a link (/usr/local/cuda -> /usr/local/cuda-13.0) is the
+        # toolchain: the file is judged by where it really is as well as by the name read
+        if not any(_under(q, r) for q in (p, os.path.realpath(p)) for r in roots):
             bad.append(p)
     return bad
 
