@@ -226,9 +226,9 @@ def one_reward(svc) -> dict:
     t0 = time.perf_counter()
     c = svc.compile()
     t1 = time.perf_counter()
-    v = svc.jobs.verify(c)
+    v = svc.jobs.verify(svc.root, c)
     t2 = time.perf_counter()
-    p = svc.jobs.profile() if v.ok else None
+    p = svc.jobs.profile(svc.root) if v.ok else None
     t3 = time.perf_counter()
     from cuda_agent.core.types import CandidateOutcome
 
