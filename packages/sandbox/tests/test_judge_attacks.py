@@ -267,6 +267,9 @@ def test_checksums_see_stale_partial_and_misplaced_outputs():
     or NaN where the reference has none (or elsewhere) fails. Only the checks that ran count."""
     from cuda_agent.sandbox.judge import rotation
 
+    # one call's statistics: a stale output's weighted sum lands inside the slack in a few per
+    # cent of draws (a timed loop checks every call, so it never passes a loop); seeded here
+    torch.manual_seed(0)
     checks = rotation.Checksums(3)
     ref = torch.randn(300, 400) @ torch.randn(400, 200)
     other = torch.randn(300, 400) @ torch.randn(400, 200)

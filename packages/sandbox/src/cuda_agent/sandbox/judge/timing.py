@@ -47,6 +47,11 @@ WALL_SLACK_MS = 5.0
 OWN_CALLS = 200  # calls of the null loop measured once the candidate's loop length is known
 CPU_SLACK_RATIO = 1.25  # of the reported time per thread
 CPU_SLACK_MS = 20.0
+# on the CPU backend a loop is lengthened until the job's CPU time spent on its calls (the trusted
+# clock there) is this many times the fixed slack, so that the slack cannot hide most of a loop
+CPU_MIN_LOOP_MS = 10 * CPU_SLACK_MS
+CPU_MAX_CALLS = 100_000
+CPU_MAX_LOOP_MS = 2000.0  # a lengthened loop's CPU time, its own work (checksums) included
 CHECKED_CALLS = 5
 # the reported calls' mean may exceed their median by this share (outliers of an honest
 # loop); beyond it the median is raised to mean / (1 + SKEW): the trusted clock bounds the
@@ -191,11 +196,13 @@ def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: i
     info = {"cpu_ms": round(cpu_ms, 3), "reported_ms": round(total, 3), "overhead_cpu_ms": round(own_cpu_ms, 3),
             "threads": threads}
     if calls_cpu > budget:
-        charge = max(0.0, calls_cpu / threads - total)
+        # a process whose reports were caught short is timed by its whole CPU time (how many
+        # threads its calls really used is its own report too, so it gets no credit for them)
+        charge = max(0.0, calls_cpu - total)
         info["unaccounted_ms"] = round(charge, 3)
         return (f"the job's processes spent {calls_cpu:.1f} ms of CPU time on {len(samples)} timed calls that "
-                f"reported {total:.1f} ms with {threads} thread(s): timed by that CPU time over {threads} "
-                f"thread(s) (+{charge / max(1, len(samples)):.4g} ms a call) (rule {RULE_WALL}: a call's time must be "
+                f"reported {total:.1f} ms with up to {threads} thread(s): timed by that CPU time "
+                f"(+{charge / max(1, len(samples)):.4g} ms a call) (rule {RULE_WALL}: a call's time must be "
                 f"measured; on the CPU backend calls run with at most cpu_threads threads)"), info
     return "", info
 
@@ -368,6 +375,10 @@ class CandidateTimer:
             self.meta["timing_loops"] = loops
             if why and wall_info.get("impossible"):
                 return None, Refusal(FailureCategory.FORBIDDEN_OP, why)
+            longer = self._cpu_loop_length(why, wall_info, n)
+            if longer:  # too short for the trusted clock to bound: timed again with more calls
+                n = longer
+                continue
             if why:
                 suspect += 1
                 if suspect < 2:  # once: perhaps a passing disturbance of the host, timed again
@@ -405,6 +416,21 @@ class CandidateTimer:
         assert best is not None
         best.attempts = made
         return best, None
+
+    def _cpu_loop_length(self, why: str, wall_info: dict, n: int) -> int:
+        """A longer loop (0: none needed) when, on the CPU backend, the CPU time the job spent on
+        a loop's calls is so short that the fixed slack of :func:`cpu_check` could hide most of
+        it. The length follows that trusted CPU time, never the candidate's own reports."""
+        if not self._on_cpu or why or n >= CPU_MAX_CALLS or "cpu_ms" not in wall_info:
+            return 0
+        cpu_ms = float(wall_info["cpu_ms"])
+        calls_cpu = cpu_ms - float(wall_info.get("overhead_cpu_ms", 0.0))
+        if calls_cpu >= CPU_MIN_LOOP_MS or cpu_ms >= CPU_MAX_LOOP_MS / 2:
+            return 0
+        want = max(2 * n, int(n * CPU_MIN_LOOP_MS / max(calls_cpu, 1.0)) + 1)
+        bound = int(n * CPU_MAX_LOOP_MS / max(cpu_ms, 1.0))  # the loop's own work grows with it
+        longer = min(CPU_MAX_CALLS, want, bound)
+        return longer if longer > n else 0
 
     @property
     def _on_cpu(self) -> bool:
