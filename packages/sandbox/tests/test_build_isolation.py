@@ -285,6 +285,28 @@ def test_nvcc_honest_and_incbin_in_a_cu(tmp_path, secret):
         assert not r.ok and not leaked(r), (name, r.errors)
 
 
+@NEEDS_NVCC
+def test_nvcc_host_compiler_headers_are_the_toolchains(tmp_path):
+    """nvcc compiles a .cu's host side with its own host compiler (gcc from the search path),
+    whose internal headers (limits.h, stddef.h) need not be on the C++ compiler's search list:
+    a g++ of another version, or one that prints none, must not refuse an honest build."""
+    from cuda_agent.sandbox.compilers.source_check import ccbin_flags, nvcc_host_compiler
+
+    fake = tmp_path / "toolchain" / "bin" / "other-g++"  # its tree is shown read-only in the jail
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\ncase " $* " in *" -v "*) exit 1;; esac\nexec g++ "$@"\n')
+    fake.chmod(0o755)
+    nvcc = shutil.which("nvcc")
+    host = nvcc_host_compiler(nvcc)
+    assert host and os.path.basename(host).startswith(("gcc", "cc", "c++", "g++", "clang"))
+    assert nvcc_host_compiler(nvcc, ccbin_flags(["-O3", "-ccbin", str(fake)])) == str(fake)
+    nv = NvccCompiler(NvccCompiler.Options(cache_dir=str(tmp_path / "cache"), cxx=str(fake)))
+    ws = workspace(tmp_path / "honest", {"kernels/k.cu": "#include <climits>\n#include <cstddef>\n" + CU_OK,
+                                         "kernels/local.cuh": LOCAL_CUH}, backend="cuda", compiler="nvcc")
+    r = nv.build(ws.root)
+    assert r.ok, (r.errors, r.log)
+
+
 # --- the dependency lists -------------------------------------------------------------------------
 
 def test_parse_depfile():

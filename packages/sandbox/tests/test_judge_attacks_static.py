@@ -710,3 +710,39 @@ def test_a_cuda_library_with_the_runtime_linked_in_is_judged_by_what_it_names(tm
     assert found and "names PyRun_SimpleString" in found[0] and "rule native.python-api" in found[0], found
     found = native_symbols.check_file(built["dlsym_shared"], "ctypes")
     assert found and "calls dlsym()" in found[0], found
+
+
+NVCC_BINDING_LIKE = NVCC_HONEST.replace(
+    "extern \"C\" int launch", 'extern "C" void* PyErr_Occurred();\nextern "C" char PyBaseObject_Type[];\n'
+    'extern "C" void* bound() { return PyErr_Occurred() ? (void*)PyBaseObject_Type : nullptr; }\n'
+    'extern "C" int launch')
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="needs nvcc (no GPU needed)")
+def test_an_honest_bindings_names_and_its_object_files_are_not_run_time_lookups(tmp_path):
+    """A torch extension with the CUDA runtime linked in imports pybind11's share of the C API:
+    its string table names them for the loader, which is no run-time lookup. The compiler's
+    object files left beside it (load_inline's ``cuda.cuda.o``) are never loaded."""
+    cu = tmp_path / "b.cu"
+    cu.write_text(NVCC_BINDING_LIKE)
+    so, obj = tmp_path / "b.so", tmp_path / "cuda.cuda.o"
+    for argv in (["-shared", "-cudart", "static", "-Xcompiler", "-fPIC", str(cu), "-o", str(so)],
+                 ["-c", "-Xcompiler", "-fPIC", str(cu), "-o", str(obj)]):
+        res = subprocess.run(["nvcc", *argv], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-1500:]
+    syms = native_symbols.read_symbols(so)
+    assert syms.static_cuda_runtime and {"PyErr_Occurred", "PyBaseObject_Type"} <= syms.undefined
+    assert native_symbols.check_file(so, "torch_extension") == []
+    found = native_symbols.check_file(so, "ctypes")  # a kernel library calls no Python at all
+    assert found and ("PyErr_Occurred" in found[0] or "PyBaseObject_Type" in found[0]), found
+    assert not native_symbols.read_symbols(obj).loadable
+    assert native_symbols.check_tree(tmp_path, default_kind="torch_extension") == []
+    # the run-time lookup of an interpreter function is refused in a torch extension too
+    dl = tmp_path / "dl" / "d.so"
+    dl.parent.mkdir()
+    (tmp_path / "d.cu").write_text(NVCC_DLSYM)
+    res = subprocess.run(["nvcc", "-shared", "-cudart", "static", "-Xcompiler", "-fPIC", str(tmp_path / "d.cu"),
+                          "-o", str(dl)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-1500:]
+    found = native_symbols.check_file(dl, "torch_extension")
+    assert found and "names PyRun_SimpleString" in found[0], found

@@ -40,7 +40,8 @@ from .diagnostics import log_tail, trim_errors
 from .frozen import frozen_sources
 from .jail import ToolView, claim, why_not_jailed
 from .signatures import SignatureError, extern_c_functions
-from .source_check import (allowed_roots, compiler_search_dirs, link_refusal, outside_reads, read_depfiles,
+from .source_check import (allowed_roots, ccbin_flags, compiler_search_dirs, link_refusal, nvcc_host_compiler,
+                           outside_reads, read_depfiles,
                            read_refusals)
 
 _init_lock = threading.Lock()
@@ -182,6 +183,9 @@ class IncrementalCompiler(Compiler):
         out: list[str] = []
         for exe in self.compilers():
             out += list(compiler_search_dirs(exe, "c++"))
+            if os.path.basename(exe).startswith("nvcc"):  # the host compiler nvcc itself runs
+                host = nvcc_host_compiler(exe, ccbin_flags(list(self.options.extra_flags)))
+                out += list(compiler_search_dirs(host, "c++")) if host else []
         return out + self.extra_dirs()
 
     def dep_flags(self, unit: Unit, deps: str, asm_deps: str) -> list[str]:

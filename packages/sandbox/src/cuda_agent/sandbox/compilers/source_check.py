@@ -17,7 +17,10 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 RULE_READS = "build.reads"
@@ -103,6 +106,43 @@ def compiler_search_dirs(cxx: str, lang: str = "c++") -> tuple[str, ...]:
             if os.path.isdir(d):
                 dirs.append(os.path.normpath(d))
     return tuple(dirs)
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_host_compiler(nvcc: str, ccbin: tuple[str, ...] = ()) -> str:
+    """The host compiler ``nvcc`` runs for a ``.cu`` file's host side (``-ccbin``'s, else its
+    default ``gcc`` from the search path, which need not be the ``g++`` of the C++ units), as
+    its dry run shows it; "" when that cannot be told."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+    with tempfile.TemporaryDirectory(prefix="cuda-agent-nvcc-probe-") as d:
+        src = Path(d) / "probe.cu"
+        src.write_text("int main() { return 0; }\n")
+        try:
+            out = subprocess.run([nvcc, *ccbin, "-dryrun", "-c", str(src), "-o", str(Path(d) / "probe.o")],
+                                 capture_output=True, text=True, timeout=60, env=env)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    for line in (out.stderr + out.stdout).splitlines():
+        if not line.startswith("#$ "):
+            continue
+        try:
+            words = shlex.split(line[3:])
+        except ValueError:
+            continue
+        if words and "=" not in words[0] and "-E" in words and "c++" in words:
+            return shutil.which(words[0], path=env["PATH"]) or ""
+    return ""
+
+
+def ccbin_flags(flags: list[str]) -> tuple[str, ...]:
+    """The options of ``flags`` that choose nvcc's host compiler."""
+    out: list[str] = []
+    for i, f in enumerate(flags):
+        if f in ("-ccbin", "--compiler-bindir") and i + 1 < len(flags):
+            out += [f, flags[i + 1]]
+        elif f.startswith(("-ccbin=", "--compiler-bindir=")):
+            out.append(f)
+    return tuple(out)
 
 
 def read_depfiles(paths: list[Path]) -> tuple[list[str], list[str]]:

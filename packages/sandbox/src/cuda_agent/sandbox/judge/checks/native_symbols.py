@@ -107,6 +107,7 @@ class DynamicSymbols:
     undefined: set[str] = field(default_factory=set)
     needed: list[str] = field(default_factory=list)
     python_module: bool = False  # defines PyInit_<name>: a Python extension module
+    loadable: bool = True  # a shared object (ET_DYN); an object file or an executable cannot be dlopen()ed
     sections: set[str] = field(default_factory=set)
     data: bytes = b""
 
@@ -147,6 +148,8 @@ def parse_symbols(data: bytes, path: str = "") -> DynamicSymbols:
         shoff, = struct.unpack_from(e + "I", data, 0x20)
         shentsize, shnum = struct.unpack_from(e + "HH", data, 0x2E)
     out = DynamicSymbols(path)
+    e_type, = struct.unpack_from(e + "H", data, 0x10)
+    out.loadable = e_type == 3  # ET_DYN
     sections = []
     for i in range(shnum):
         off = shoff + i * shentsize
@@ -214,7 +217,10 @@ def refusals(syms: DynamicSymbols, kind: str) -> list[str]:
         if _LIBPYTHON.match(lib):
             found.append(f"links {lib}")
     if syms.static_cuda_runtime:  # the runtime's own lookups: judged by what they name instead
-        named = sorted({m.group(0).decode() for m in _NAMES_PYTHON.finditer(syms.data)})
+        # a name the library imports as a symbol is judged below as a call (its string table
+        # holds it for the loader); any other name of the interpreter is a run-time lookup's
+        named = sorted({m.group(0).decode() for m in _NAMES_PYTHON.finditer(syms.data)}
+                       - {s for s in syms.undefined if binding_may_call(s, kind)})
         found += [f"names {n} (a library with the CUDA runtime linked in looks it up at run time)" for n in named[:3]]
     else:
         for s in sorted(syms.undefined & DYNAMIC_LOOKUP):
@@ -242,6 +248,8 @@ def check_file(path: str | Path, kind: str, label: str = "") -> list[str]:
     except (OSError, NotElf, struct.error) as exc:
         return [f"{label or Path(path).name}: cannot be read as a shared object ({exc}) (rule {RULE}: a kernel "
                 f"library must be an ordinary shared object)"]
+    if not syms.loadable:  # a compiler's object file or a program: no process loads it
+        return []
     if kind == "auto":
         kind = "torch_extension" if syms.python_module else "ctypes"
     what = refusals(syms, kind)
