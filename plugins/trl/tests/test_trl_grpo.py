@@ -37,6 +37,10 @@ ANSWER = ('<tool_call>\n{"name": "bash", "arguments": {"command": "cp -r example
           '</tool_call>\n<tool_call>\n{"name": "nvcc_magic", "arguments": {}}\n</tool_call><|im_end|>')
 
 
+# one timing each (no repeats on a noisy spread): the reward's milestones, not its speedup, are checked
+ONE_TIMING = {"profile_options": {"attempts": 1, "num_input_sets": 1}}
+
+
 def _tasks():
     return [Task(id="axpby", source="test", code=EXAMPLE), Task(id="axpby_swapped", source="test", code=SWAPPED)]
 
@@ -106,7 +110,7 @@ def test_environment_factory_reward_is_the_judges(tmp_path):
     from trl import GRPOTrainer
 
     episodes = EpisodeFactory(_tasks(), options=EpisodeOptions(backend="cpu", max_turns=1, tools=["bash"],
-                                                               workdir=str(tmp_path / "ws")))
+                                                               workdir=str(tmp_path / "ws"), service=ONE_TIMING))
     envs = CudaToolEnvFactory(episodes)
     dataset = task_dataset(episodes, repeat=2, system=SYSTEM)
     probe = envs()
@@ -169,7 +173,7 @@ def test_reward_function_scores_single_turn_completions(tmp_path):
     from trl import GRPOTrainer
 
     episodes = EpisodeFactory(_tasks(), options=EpisodeOptions(backend="cpu", tools=["bash"],
-                                                               workdir=str(tmp_path / "ws")))
+                                                               workdir=str(tmp_path / "ws"), service=ONE_TIMING))
     dataset = task_dataset(episodes, repeat=1, system=SYSTEM, task_in_prompt=True)
     model, tok = _policy([dataset[i]["prompt"] for i in range(len(dataset))], None)
     reward = CudaReward(episodes, workers=2, tokenizer=tok)  # this tokenizer's tool tags are special tokens
