@@ -113,6 +113,27 @@ def test_spare_makes_its_context_outside_timed_sections(tmp_path, monkeypatch):
         pool.close()
 
 
+def test_a_spares_lock_free_start_does_not_hold_up_a_timing(tmp_path, monkeypatch):
+    """A spare whose start spends seconds before its context (imports, its candidate
+    process) holds the device's quiet lock only for the context: a timed section submitted
+    while the spare is still importing starts before the spare has made its context."""
+    log = tmp_path / "init.log"
+    monkeypatch.setenv("CUDA_AGENT_TEST_INIT_LOG", str(log))
+    monkeypatch.setenv("CUDA_AGENT_TEST_INIT_SECONDS", "4")
+    pool = WorkerPool([DeviceSpec(label="gpu6", device="cpu")], name="t", spares=1, recycle="always",
+                      init=[S + "mark_init"], lock_dir=str(tmp_path / "locks"), default_timeout=60)
+    try:
+        pool.submit(Job(S + "echo")).result(timeout=60)  # its worker is replaced: a new spare starts
+        timed = pool.submit(Job(S + "quiet_section", {"kind": "timing", "seconds": 0.5})).result(timeout=60)
+        time.sleep(5.0)
+        stamps = [float(line.split()[1]) for line in log.read_text().split("\n") if line.strip()]
+        later = [t for t in stamps if t > timed["end"]]
+        # the new spare's context came after the timed section, which did not wait 4 s for it
+        assert later and timed["start"] < min(later), (stamps, timed)
+    finally:
+        pool.close()
+
+
 class ScriptedProfiler:
     """A profiler whose measurements have the spreads given, in turn (the retry rule's
     input); ``steady`` is its steadier mode's spread (None: it has none, or capture fails

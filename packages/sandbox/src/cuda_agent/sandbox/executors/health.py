@@ -26,8 +26,11 @@ def cuda_init(device: str = "cuda:0") -> None:
     """Create the CUDA context ahead of the first job (run by a spare worker while it waits)."""
     torch = sys.modules.get("torch")  # only where the worker preloaded torch
     if torch is not None and torch.cuda.is_available():
-        torch.zeros(1, device=device)
-        torch.cuda.synchronize(device)
+        from cuda_agent.sandbox.isolation.hostlock import device_quiet
+
+        with device_quiet():  # never while a timing runs on this GPU
+            torch.zeros(1, device=device)
+            torch.cuda.synchronize(device)
 
 
 def warm_plugins(device: str = "") -> None:

@@ -44,12 +44,18 @@ def quiet_section(kind: str, seconds: float, device: str = "") -> dict:
     return {"start": start, "end": end, "waited": waited, "active": hostlock.active()}
 
 
-def mark_init(device: str = "") -> None:
-    """A worker init step: append this process's id and the time to $CUDA_AGENT_TEST_INIT_LOG."""
+def mark_init(device: str = "", seconds: float = 0.0) -> None:
+    """A worker init step that stands for making a CUDA context: under the device's quiet lock,
+    append this process's id and the time to $CUDA_AGENT_TEST_INIT_LOG. Before it, ``seconds``
+    of work that takes no lock (as imports take none); $CUDA_AGENT_TEST_INIT_SECONDS sets it."""
+    from cuda_agent.sandbox.isolation import hostlock
+
+    time.sleep(seconds or float(os.environ.get("CUDA_AGENT_TEST_INIT_SECONDS", "0") or 0))
     path = os.environ.get("CUDA_AGENT_TEST_INIT_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {time.monotonic()}\n")
+    with hostlock.device_quiet():
+        if path:
+            with open(path, "a") as f:
+                f.write(f"{os.getpid()} {time.monotonic()}\n")
 
 
 def hang(device: str = "") -> None:

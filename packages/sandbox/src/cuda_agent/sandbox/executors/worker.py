@@ -126,16 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     device = cfg.get("device", "cpu")
     if cfg.get("device_quiet_lock"):  # for the jobs' timed sections (cuda_agent.sandbox.isolation.hostlock)
         os.environ["CUDA_AGENT_DEVICE_QUIET_LOCK"] = cfg["device_quiet_lock"]
-    from cuda_agent.sandbox.isolation.hostlock import device_quiet, open_from_env
+    from cuda_agent.sandbox.isolation.hostlock import open_from_env
 
     open_from_env()  # now, before a job gives up root rights and gets a private /tmp
-    # the init steps make the CUDA context: never while a timing runs on this GPU
-    with device_quiet(cfg.get("device_quiet_lock") or None):
-        for fn_path in cfg.get("init") or []:
-            try:
-                resolve(fn_path)(device=device)
-            except Exception as exc:  # the job will meet the same problem and report it
-                print(f"worker: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    # the init steps that make a CUDA context hold the device's quiet lock for that moment only
+    # (hostlock.device_quiet): imports and process starts never hold up a timing on this GPU
+    for fn_path in cfg.get("init") or []:
+        try:
+            resolve(fn_path)(device=device)
+        except Exception as exc:  # the job will meet the same problem and report it
+            print(f"worker: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     check = None
     if cfg.get("health_check"):
         check = resolve(cfg["health_check"])

@@ -18,9 +18,12 @@ rights (a job's private ``/tmp`` hides the host's), from the path the executor p
 ``$CUDA_AGENT_QUIET_LOCK``; without it both sections are no-ops.
 
 Per GPU there is one more: a timed section also holds its device's quiet lock shared, and
-a spare worker creating its CUDA context holds it exclusively (``device_quiet``), so that
-no context is made on a GPU while a timing runs there, while verification jobs and the
-gaps between jobs leave spares free to start (``$CUDA_AGENT_DEVICE_QUIET_LOCK``).
+a spare worker or its candidate process holds it exclusively while it creates its CUDA
+context, and only then (``device_quiet``; their imports and starts take no lock), so that no
+context is made on a GPU while a timing runs there, while verification jobs and the gaps
+between jobs leave spares free to start (``$CUDA_AGENT_DEVICE_QUIET_LOCK``). A spare holding
+the lock across its whole start kept profile jobs of an H200 waiting 20-30 s behind spares'
+imports.
 
 The descriptors stay open in the job, so candidate code could take a lock itself and hold
 up other jobs' timings; its job's timeout bounds how long.

@@ -147,10 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         native.timing()
         dev = torch.device(st.device)
         if dev.type == "cuda":
+            from ..isolation.hostlock import device_quiet
+
             cuda_step = True
-            torch.cuda.set_device(dev.index if dev.index is not None else 0)
-            torch.zeros(1, device=dev)
-            native.timing_for_cuda()
+            # the context is made while no timing runs on this GPU (the worker's device quiet
+            # lock, named in the environment this process inherits); the imports above are not
+            with device_quiet():
+                torch.cuda.set_device(dev.index if dev.index is not None else 0)
+                torch.zeros(1, device=dev)
+                native.timing_for_cuda()
     except Exception as exc:  # noqa: BLE001 - reported to the trusted side
         ready = {"op": "failed", "error": {**error_reply(exc), "cuda_init": cuda_step}}
     wire.send(sock, ready)

@@ -272,8 +272,9 @@ def prestart(device: str = "cpu") -> None:
     """A worker init step: start this worker's candidate process now and warm it for the
     next job (:meth:`CandidateProcess.warm`: imports, CUDA context, the job's user id and
     namespaces, all while the worker waits as a spare). On a GPU the worker waits for the
-    process to be ready (the init steps hold the device's quiet lock: no context is made
-    while a timing runs there); the drop ahead of the job then runs alongside the worker."""
+    process to be ready (it makes its CUDA context under the device's quiet lock, so no
+    context is made while a timing runs there; its imports take no lock); the drop ahead of
+    the job then runs alongside the worker."""
     global _prestarted
     if _prestarted is None:
         _prestarted = CandidateProcess(device)
