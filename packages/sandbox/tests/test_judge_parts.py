@@ -81,6 +81,43 @@ def test_inputs_rotate_unpredictably_and_exactly():
     assert bool((work[1] > 0).all())  # an input of one sign keeps it
 
 
+def test_a_large_input_is_rescaled_period_by_period_in_two_launches(monkeypatch):
+    """Inputs longer than the factors' period (made short here): the broadcast product over
+    whole periods gives, element by element, what one product per period gives."""
+    monkeypatch.setattr(rotation, "PERIOD", 1009)
+    m = rotation.PERIOD * 7 + 123
+    p = torch.randn(m)
+    rot = rotation.Rotation(11, [[p]])
+    got = rot.inputs(5)[0]
+    o = rot.offset(5, 0)
+    r = rot._factors(torch.float32, True)
+    want = torch.empty_like(p)
+    for c in range(0, m, rotation.PERIOD):
+        e = min(m, c + rotation.PERIOD)
+        torch.mul(p[c:e], r[o:o + e - c], out=want[c:e])
+    assert torch.equal(got, want)
+
+
+def test_the_device_checksums_are_the_chunked_ones_summed_once(monkeypatch):
+    """The GPU path of the checksums (norms and dot products per period into buffers, one
+    float64 sum) agrees with the chunked CPU path and with the trusted side's expectation
+    (the period made short, so that CPU float32 reductions are as exact as a GPU's)."""
+    monkeypatch.setattr(rotation, "PERIOD", 1009)
+    x = torch.randn(rotation.PERIOD * 9 + 432)
+    c = rotation.Checksums(3)
+    w = c.weights(x.numel())
+    fast, chunked = c.slots(1)[0], c.slots(1)[0]
+    c._into_cuda(x, w, fast)
+    c.into(x, chunked)
+    assert float(fast[0]) == pytest.approx(float(chunked[0]), rel=1e-5)
+    assert float(fast[1]) == pytest.approx(float(chunked[1]), rel=1e-5, abs=1e-3)
+    want = c.expected(x, 1e-2, 1e-2)
+    assert c.mismatch(fast.tolist(), want) == ""
+    wrong = c.slots(1)[0]
+    c._into_cuda(x * 1.1, w, wrong)
+    assert c.mismatch(wrong.tolist(), want) != ""
+
+
 def test_checksums_accept_outputs_within_the_tolerance_and_refuse_others():
     ref = torch.relu(torch.randn(1000, 300))
     want, slack = rotation.checksum_bounds(ref, 1e-2, 1e-2)
