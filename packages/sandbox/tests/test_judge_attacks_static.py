@@ -271,6 +271,39 @@ PY_ATTACKS = {
         import torch
         torch.ops.import_module("cuda_agent.sandbox.judge")
     ''',
+    # the interpreter's C API through ctypes: on the process's own symbols, by a written name,
+    # by a name assembled at run time (an item, a prototype's (name, library), ctypes' privates)
+    "ctypes_process_symbols": '''
+        import ctypes
+        ctypes.CDLL(None).PyRun_SimpleString(b"import os")
+    ''',
+    "ctypes_loader_no_path": '''
+        from ctypes import cdll
+        _h = cdll.LoadLibrary(None)
+    ''',
+    "ctypes_c_api_name_on_a_library": '''
+        import ctypes, sys
+        _py = ctypes.CDLL(sys.executable)
+        _g = _py.PyGILState_Ensure()
+    ''',
+    "ctypes_item_computed": '''
+        import ctypes, sys
+        _py = ctypes.CDLL(sys.executable)
+        _run = _py["PyRun_" + "SimpleString"]
+    ''',
+    "ctypes_prototype_computed": '''
+        import ctypes, sys
+        _run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p)(("PyRun_" + "SimpleString", ctypes.CDLL(sys.executable)))
+    ''',
+    "ctypes_private_lookup": '''
+        import ctypes, sys
+        _py = ctypes.CDLL(sys.executable)
+        _run = _py._FuncPtr(("PyRun_" + "SimpleString", _py))
+    ''',
+    "ctypes_private_module": '''
+        import _ctypes
+        _h = _ctypes.dlopen(None)
+    ''',
     "import_in_class_body": '''
         import torch.nn as nn
         class ModelNew(nn.Module):
@@ -289,6 +322,23 @@ def test_python_ways_past_the_names_are_refused(tmp_path, name):
 
 
 PY_HONEST = {
+    # a kernel library of the candidate's own through ctypes, its functions by written names
+    # (and a string that only looks like the interpreter's C API)
+    "ctypes_kernel_library": '''
+        import ctypes
+        import os
+        import torch
+        import torch.nn as nn
+        _lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "kernels", "librelu.so"))
+        _lib.relu_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        _relu = _lib["relu_forward"]
+        NAME = "PyTorch_relu_ext"
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                y = torch.empty_like(x)
+                _relu(x.data_ptr(), y.data_ptr(), x.numel())
+                return y
+    ''',
     "weight_on_self": '''
         import torch
         import torch.nn as nn

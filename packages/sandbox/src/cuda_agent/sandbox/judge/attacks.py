@@ -329,5 +329,18 @@ STATIC_ATTACKS = (
         _sp.run(["g++", "-shared", "-fPIC", _os.path.join(_d, "p.cpp"), "-o", _os.path.join(_d, "p.so")], check=True)
         _ct.CDLL(_os.path.join(_d, "p.so")).run()
     """), static=True, what="C++ built at import runs Python (names assembled by the preprocessor)"),
+    Attack("ctypes_runs_python", "verify", _dedent('''
+        import ctypes as _ct
+        _py = _ct.CDLL(None)
+        _g = _py.PyGILState_Ensure()
+        _py.PyRun_SimpleString(b"import torch; torch._C._set_grad_enabled(True)")
+        _py.PyGILState_Release(_g)
+    '''), static=True, what="the interpreter's C API through ctypes on the process's own symbols runs Python"),
+    Attack("ctypes_name_computed", "verify", _dedent('''
+        import ctypes as _ct, sys as _sys
+        _py = _ct.CDLL(_sys.executable)
+        _run = _ct.CFUNCTYPE(_ct.c_int, _ct.c_char_p)(("PyRun_" + "SimpleString", _py))
+        _run(b"import torch; torch._C._set_grad_enabled(True)")
+    '''), static=True, what="a ctypes function of the interpreter looked up by a name assembled at run time"),
 )
 ALL = ALL + STATIC_ATTACKS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from .base import PythonRule
@@ -160,7 +161,7 @@ TAMPER_ATTRS = frozenset(
 TAMPER_MODULES = frozenset({"inspect", "gc", "builtins", "traceback", "threading", "multiprocessing", "signal",
                             "atexit", "cuda_agent", "_thread", "faulthandler", "tracemalloc", "dis", "code",
                             "codeop", "marshal", "pickle", "_pickle", "copyreg", "weakref", "shelve", "dill",
-                            "cloudpickle", "joblib"})
+                            "cloudpickle", "joblib", "_ctypes"})
 # attributes of the interpreter's internals: functions' code and globals, frames, classes' graphs
 INTERNAL_ATTRS = frozenset(
     {
@@ -175,6 +176,28 @@ INTERNAL_ATTRS = frozenset(
 # operator namespaces of torch itself: registering kernels into them would change torch's own
 # operators (the candidate's own namespaces are free)
 LIBRARY_PROTECTED = frozenset({"aten", "prim", "prims", "_c10d_functional", "c10d", "quantized", "cuda_agent"})
+# a function of the interpreter (PyRun_SimpleString, PyGILState_Ensure, ...), reached through ctypes,
+# runs Python past every check of names; a name is one when this interpreter exports it
+C_API_PREFIX = re.compile(r"^_?Py\w+$")
+
+
+def interpreter_function(name: str) -> bool:
+    """Whether ``name`` is a function or variable the running interpreter exports (looked up
+    in this, the trusted, process: the candidate's interpreter is the same build)."""
+    if not C_API_PREFIX.match(name):
+        return False
+    import ctypes
+
+    try:
+        getattr(ctypes.pythonapi, name)
+    except (AttributeError, ValueError):
+        return False
+    return True
+
+# what opens a shared library through ctypes (a handle whose functions are looked up by name)
+CTYPES_LOADERS = ("ctypes.CDLL", "ctypes.cdll.LoadLibrary", "ctypes.LibraryLoader", "ctypes.WinDLL",
+                  "ctypes.OleDLL", "ctypes.windll", "ctypes.oledll")
+CTYPES_PROTOTYPES = ("ctypes.CFUNCTYPE", "ctypes.WINFUNCTYPE", "ctypes.PYFUNCTYPE")
 # methods that replace the run-time guard when a class defines them
 TAMPER_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
 # builtins that reach any attribute or name when they are handed on as values
@@ -246,7 +269,50 @@ class GuardTamperingCheck(PythonRule):
                                                              f"something the candidate did not define)"))
         for node, what in receivers.class_leaks():
             out.append(self.violation(f"{label}:{getattr(node, 'lineno', 0)}", what))
+        out.extend(self._ctypes(label, tree, names))
         return _dedupe(out)
+
+    def _ctypes(self, label: str, tree: ast.AST, names: Resolver) -> list[str]:
+        """What reaches the interpreter's own functions through ctypes: a name of the Python C
+        API (an attribute, an item or a string), a library handle on the process itself
+        (``CDLL(None)``: every symbol the interpreter has), and a function of a library handle
+        looked up by a name computed at run time (an item or a prototype's ``(name, library)``)."""
+        out = []
+
+        def loader(call: ast.AST) -> bool:
+            return isinstance(call, ast.Call) and any(
+                q == l or q.startswith(l + ".") for q in names.qualified(call.func) for l in CTYPES_LOADERS)
+
+        handles = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and loader(n.value)
+                   for t in n.targets if isinstance(t, ast.Name)}
+
+        def handle(node: ast.AST) -> bool:
+            return loader(node) or isinstance(node, ast.Name) and node.id in handles
+
+        for node in ast.walk(tree):
+            where = f"{label}:{getattr(node, 'lineno', 0)}"
+            text = node.attr if isinstance(node, ast.Attribute) else (
+                node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+            if text is not None and interpreter_function(text):
+                out.append(self.violation(where, f"names the interpreter's C API ({text}), which runs Python past "
+                                                 f"every check; kernels are C/CUDA functions of the candidate's own"))
+            elif loader(node) and (not node.args or isinstance(node.args[0], ast.Constant) and node.args[0].value is None):
+                out.append(self.violation(where, "opens the process's own symbols through ctypes (the interpreter's "
+                                                 "among them); load the candidate's own kernel library by its path"))
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and (
+                    handle(node.value) or any(q.startswith("ctypes.") for q in names.qualified(node))):
+                out.append(self.violation(where, f"uses ctypes' private {node.attr} (it looks functions up by names "
+                                                 f"the check cannot read); write the function's name on the library"))
+            elif isinstance(node, ast.Subscript) and handle(node.value) and literal_text(node.slice) is None:
+                out.append(self.violation(where, "looks up a function of a ctypes library by a name computed at run "
+                                                 "time; write the name"))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Call) and any(
+                    q.startswith(CTYPES_PROTOTYPES) for q in names.qualified(node.func.func)) and node.args \
+                    and isinstance(node.args[0], ast.Tuple) and node.args[0].elts \
+                    and literal_text(node.args[0].elts[0]) is None:
+                out.append(self.violation(where, "makes a ctypes function from a library by a name computed at run "
+                                                 "time; write the name"))
+        return out
 
     def _reaching(self, q: str, names: Resolver, allow: set) -> bool:
         """``q`` leads to what this rule guards: a module, a builtin that reaches any
