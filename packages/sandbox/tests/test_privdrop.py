@@ -77,7 +77,9 @@ def check_user(setup, meta: dict) -> None:
 
 
 def popts(setup) -> dict:
-    return {"baseline_cache_dir": str(setup["cache"]), "profiler_options": dict(FAST), "compile_baseline": False}
+    # one timing attempt: what these tests check is who may write, not how steady a timing is
+    return {"baseline_cache_dir": str(setup["cache"]), "profiler_options": dict(FAST), "compile_baseline": False,
+            "attempts": 1}
 
 
 def run(executor, fn: str, ws: Path, **kw):
@@ -109,6 +111,7 @@ def test_honest_candidate_verifies_and_profiles_without_root(executor, setup):
     assert cache_files(setup) == files
 
 
+@pytest.mark.parametrize("setup", ["fixed_user"], indirect=True)  # the same for either workspace user
 def test_a_job_user_without_passwd_entry_still_has_a_name(executor, setup, tmp_path):
     # torch asks getpass.getuser() for its cache folders; the job's uid has no passwd entry
     ws = setup["ws"]
@@ -124,6 +127,7 @@ def test_a_job_user_without_passwd_entry_still_has_a_name(executor, setup, tmp_p
     check_user(setup, v.metadata)
 
 
+@pytest.mark.parametrize("setup", ["fixed_user"], indirect=True)  # the same for either workspace user
 def test_candidate_code_reaches_no_network(executor, setup):
     # a server on this host's loopback: the candidate's job runs in a network namespace of its own
     import socket
@@ -168,6 +172,7 @@ def test_candidate_code_reaches_no_network(executor, setup):
     assert h.ok and h.metadata["job_network"] == "none", (h.message, h.metadata.get("job_network"))
 
 
+@pytest.mark.parametrize("setup", ["fixed_user"], indirect=True)  # the same for either workspace user
 def test_candidate_sees_a_private_dev_shm(executor, setup):
     # a shared-memory segment of the host (another job's, say) is out of sight and untouched
     if not os.path.isdir("/dev/shm"):
@@ -192,6 +197,7 @@ def test_candidate_sees_a_private_dev_shm(executor, setup):
         host.unlink()
 
 
+@pytest.mark.parametrize("setup", ["fixed_user"], indirect=True)  # the same for either workspace user
 def test_drop_can_be_switched_off(executor, setup):
     v = run(executor, "verify", setup["ws"], options={"seed": 1, "drop_privileges": False})
     assert v.ok and v.metadata["privileges"].startswith("kept (switched off"), v.metadata.get("privileges")
@@ -210,7 +216,9 @@ def _targets(setup) -> dict[str, Path]:
 WHERE = ["baseline_cache", "model.py", "tools/profile.py", "root", "etc"]
 
 
-@pytest.mark.parametrize("when", ["forward", "import"])
+# each workspace user once, each moment of the attack once (the user decides what may be written,
+# the moment only which job phase reports the refusal)
+@pytest.mark.parametrize("setup, when", [("sandbox_user", "forward"), ("fixed_user", "import")], indirect=["setup"])
 def test_candidate_cannot_write_outside(executor, setup, when):
     """One candidate tries every target (a baseline record, the read-only task and tool files,
     /root, /etc) in each of its jobs (verify, profile, evaluate): every write must be refused."""
@@ -267,6 +275,7 @@ def test_rebase_keeps_paths_outside_the_workspace(tmp_path):
     assert rebase(tmp_path / "ref.py", tmp_path / "ws", "/proc/self/fd/7") == tmp_path / "ref.py"
 
 
+@pytest.mark.parametrize("setup", ["fixed_user"], indirect=True)  # the same for either workspace user
 def test_without_a_mount_namespace(setup, monkeypatch):
     """Where no mount namespace can be made the workspace is read through a directory
     handle (past closed parent folders); writes still fail."""
