@@ -37,7 +37,7 @@ def ws(tmp_path_factory):
 def job(executor, ws: Path, kind: str, code: str, **options):
     (ws / "model_new.py").write_text(code)
     if kind == "profile":
-        options = {"profiler_options": dict(FAST), "compile_baseline": False,
+        options = {"profiler_options": dict(FAST), "compile_baseline": False, "attempts": 1,
                    "baseline_cache_dir": str(ws.parent / "cache"), **options}
     return executor.run(Job(T + kind, {"workspace": str(ws), "options": {"seed": 2, **options}}, kind=kind))
 

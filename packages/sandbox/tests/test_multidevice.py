@@ -134,7 +134,7 @@ def run_jobs(ex, workspace: Path, n_pairs: int) -> list[dict]:
     from cuda_agent.sandbox.executors import Job
 
     vopts = {"seed": 1, "num_inputs": 2}
-    popts = {"baselines": False, "seed": 2, "profiler_options": {"target_ms": 40.0, "warmup_ms": 5.0}}
+    popts = {"baselines": False, "seed": 2, "attempts": 1, "profiler_options": {"target_ms": 40.0, "warmup_ms": 5.0}}
     futs = []
     for i in range(n_pairs):
         futs.append(ex.submit(Job(fn=TIMED, kwargs={"fn": VERIFY, "kwargs": {"workspace": str(workspace), "options": vopts}},

@@ -66,7 +66,8 @@ def slow_relu(ms: float, calls: int = 10 ** 9, wrong_after: int = 0) -> str:
 
 
 def _profile_options(cache: Path, **kw) -> dict:
-    return {"baseline_cache_dir": str(cache), "profiler_options": dict(FAST), "compile_baseline": False, **kw}
+    return {"baseline_cache_dir": str(cache), "profiler_options": dict(FAST), "compile_baseline": False, "attempts": 1,
+            **kw}
 
 
 def test_a_static_refusal_comes_before_the_build_and_the_baselines(tmp_path: Path):
