@@ -33,8 +33,9 @@ TOOLS = ["bash", "read", "write", "todo"]
 
 
 def split_tasks(n_heldout: int, n_train: int, seed: int):
-    """Held-out tasks (half element-wise, half reductions) and training tasks none of which is
-    more than 0.9 similar to a held-out one."""
+    """Held-out tasks (half element-wise, half reductions, chains of one or two operators) and
+    training tasks (chains of up to three operators) none of which is more than 0.9 similar to a
+    held-out one, alternating element-wise and reduction tasks."""
     from cuda_agent.datasets.synthesis.similarity import Decontaminator
     from cuda_agent.trainer.expert import easy_tasks
 
@@ -42,16 +43,24 @@ def split_tasks(n_heldout: int, n_train: int, seed: int):
     elem = [t for t in pool if t.category == "elementwise"]
     red = [t for t in pool if t.category == "reduction"]
     heldout = elem[: n_heldout - n_heldout // 2] + red[: n_heldout // 2]
+    held_ids = {t.id for t in heldout}
     decon = Decontaminator.from_codes([(t.id, t.code) for t in heldout], threshold=0.9)
-    train, dropped = [], 0
-    for t in pool:
-        if t in heldout:
-            continue
-        if decon.is_contaminated(t.code)[0]:
-            dropped += 1
-            continue
-        train.append(t)
-    return heldout, train[:n_train], dropped
+    kinds: dict[str, list] = {}
+    dropped = 0
+    # chains of one or two operators first; most short element-wise ones are too similar to a
+    # held-out task, and chains of three operators make up the rest
+    long = [t for t in easy_tasks(seed, max_ops=3) if len(t.metadata["ops"]) == 3]
+    for kind in ("elementwise", "reduction"):
+        kinds[kind] = []
+        for t in [t for t in pool + long if t.category == kind and t.id not in held_ids]:
+            if len(kinds[kind]) >= n_train:
+                break
+            if decon.is_contaminated(t.code)[0]:
+                dropped += 1
+                continue
+            kinds[kind].append(t)
+    train = [t for pair in zip(kinds["elementwise"], kinds["reduction"]) for t in pair][:n_train]
+    return heldout, train, dropped
 
 
 def environment(backend_overrides: list[str]):
@@ -198,12 +207,10 @@ def train(model_dir: Path, data: Path, tasks, factory, pm, out: Path, args) -> l
     return history
 
 
-def plot(history: list[dict], path: Path) -> list[float]:
+def plot(rewards: list[float], path: Path) -> list[float]:
     """The PPO stage's mean reward per step, drawn with Pillow (a PNG)."""
     from PIL import Image, ImageDraw
 
-    ppo = [h for h in history if h.get("stage") == 1.0]  # the second stage
-    rewards = [float(h.get("reward/mean", float("nan"))) for h in ppo]
     w, h, m = 560, 340, 50
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
@@ -237,19 +244,50 @@ def print_table(results: list[dict]) -> None:
         print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
+def ppo_curve(run_dir: Path) -> list[float]:
+    """The PPO stage's mean reward per step, from the run's metrics (the last record of a step
+    that a resumed run did again)."""
+    by_step: dict[int, float] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                m = json.loads(line)
+            except ValueError:  # a line cut short by a kill
+                continue
+            if m.get("stage") == 1.0 and "reward/mean" in m:
+                by_step[int(m["stage_step"])] = float(m["reward/mean"])
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def rise(curve: list[float]) -> dict:
+    """How far the PPO reward rose: the mean of the last half of the steps against the first
+    step (the warm-up's start), and the spread of the reward from one step to the next (the
+    standard deviation of the step-to-step changes)."""
+    if len(curve) < 2:
+        return {}
+    late = curve[len(curve) // 2:]
+    steps = [b - a for a, b in zip(curve, curve[1:])]
+    spread = statistics.pstdev(steps) if len(steps) > 1 else abs(steps[0])
+    return {"start": curve[0], "last_half_mean": statistics.fmean(late), "rise": statistics.fmean(late) - curve[0],
+            "step_to_step_spread": spread}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/real-model")
+    ap.add_argument("--resume", action="store_true", help="keep what an earlier run in --out measured and trained")
     ap.add_argument("--heldout", type=int, default=8)
-    ap.add_argument("--train-tasks", type=int, default=24)
+    ap.add_argument("--train-tasks", type=int, default=64, help="tasks the expert solves for the warm-up")
+    ap.add_argument("--ppo-tasks", type=int, default=64, help="other tasks, for PPO's rollouts")
     ap.add_argument("--sft-steps", type=int, default=24)
     ap.add_argument("--sft-batch", type=int, default=4)
     ap.add_argument("--sft-lr", type=float, default=2e-4)
-    ap.add_argument("--ppo-steps", type=int, default=4)
-    ap.add_argument("--ppo-batch", type=int, default=4)
-    ap.add_argument("--ppo-lr", type=float, default=5e-6)
+    ap.add_argument("--ppo-steps", type=int, default=8)
+    ap.add_argument("--ppo-batch", type=int, default=8)
+    ap.add_argument("--ppo-lr", type=float, default=1e-5)
     ap.add_argument("--critic-lr", type=float, default=5e-5)
-    ap.add_argument("--ppo-temperature", type=float, default=0.7)
+    ap.add_argument("--ppo-temperature", type=float, default=1.0)
     ap.add_argument("--train-layers", type=int, default=8)
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
@@ -268,49 +306,67 @@ def main() -> int:
     from cuda_agent.core.models import get_model
 
     out = Path(args.out).resolve()
+    if (out / "results.json").exists() and not args.resume:
+        print(f"error: {out} holds an earlier run; give --resume to continue it or another --out", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     try:
         base = get_model("smollm2-135m")
     except CudaAgentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    heldout, train_tasks, dropped = split_tasks(args.heldout, args.train_tasks, args.seed)
-    print(f"held-out {len(heldout)}: {[t.id for t in heldout]}\ntraining {len(train_tasks)} "
+    heldout, tasks, dropped = split_tasks(args.heldout, args.train_tasks + args.ppo_tasks, args.seed)
+    train_tasks, ppo_tasks = tasks[: args.train_tasks], tasks[args.train_tasks:]
+    print(f"held-out {len(heldout)}: {[t.id for t in heldout]}\nexpert {len(train_tasks)}, PPO {len(ppo_tasks)} "
           f"({dropped} synthesised tasks dropped as too similar to a held-out one)", flush=True)
     _cfg, pm, factory = environment([])
+    earlier = json.loads((out / "results.json").read_text()) if args.resume and (out / "results.json").exists() else {}
+    done = {r["label"]: r for r in earlier.get("results", [])}
     results: list[dict] = []
-    info = {"heldout": [t.id for t in heldout], "train": [t.id for t in train_tasks],
-                         "decontaminated": dropped, "args": vars(args)}
+    info = {"heldout": [t.id for t in heldout], "train": [t.id for t in train_tasks], "ppo": [t.id for t in ppo_tasks],
+            "decontaminated": dropped, "args": vars(args), "command": " ".join(sys.argv)}
+    for key in ("expert", "train_seconds"):
+        if key in earlier:
+            info[key] = earlier[key]
 
     def save() -> None:  # after every phase: a run stopped halfway keeps what it measured
         (out / "results.json").write_text(json.dumps({"results": results, **info}, indent=1, default=str))
+
+    def phase(label: str, model_dir: Path) -> None:
+        results.append(done[label] if label in done else evaluate(model_dir, heldout, factory, label, args))
+        save()
+
     try:
         if not args.skip_baseline:
-            results.append(evaluate(base, heldout, factory, "untrained", args))
-            save()
+            phase("untrained", base)
         tok = AutoTokenizer.from_pretrained(str(base))
         data = out / "expert.jsonl"
-        t0 = time.monotonic()
-        info["expert"] = expert_data(train_tasks, factory, tok, data, args.max_turns)
-        info["expert"]["seconds"] = round(time.monotonic() - t0, 1)
+        if not (data.exists() and "expert" in info):
+            t0 = time.monotonic()
+            info["expert"] = expert_data(train_tasks, factory, tok, data, args.max_turns)
+            info["expert"]["seconds"] = round(time.monotonic() - t0, 1)
+            save()
         print(f"[expert] {json.dumps(info['expert'])}", flush=True)
-        save()
-        t0 = time.monotonic()
-        history = train(base, data, train_tasks, factory, pm, out / "train", args)
-        info["train_seconds"] = round(time.monotonic() - t0, 1)
         stages = out / "train" / "stages"
-        results.append(evaluate(stages / "00-warmup" / "final" / "actor", heldout, factory, "after warm-up", args))
+        if not (stages / "01-ppo" / "final").exists():
+            t0 = time.monotonic()
+            train(base, data, ppo_tasks, factory, pm, out / "train", args)
+            info["train_seconds"] = round(time.monotonic() - t0, 1) + float(info.get("train_seconds") or 0)
+        info["ppo_reward_curve"] = plot(ppo_curve(out / "train"), out / "ppo_reward.png")
+        info["ppo_rise"] = rise(info["ppo_reward_curve"])
         save()
-        results.append(evaluate(stages / "01-ppo" / "final" / "actor", heldout, factory, "after PPO", args))
-        curve = plot(history, out / "ppo_reward.png")
-        info["ppo_reward_curve"] = curve
-        info["sft_loss"] = [h.get("actor/loss") for h in history if h.get("stage") == 0.0]
+        phase("after warm-up", stages / "00-warmup" / "final" / "actor")
+        phase("after PPO", stages / "01-ppo" / "final" / "actor")
     finally:
         factory.close()
         save()
     print()
     print_table(results)
     print(f"\nPPO mean reward per step: {[round(r, 3) for r in info['ppo_reward_curve']]}")
+    if info["ppo_rise"]:
+        r = info["ppo_rise"]
+        print(f"PPO: first step {r['start']:+.2f}, mean of the last half {r['last_half_mean']:+.2f} "
+              f"(rise {r['rise']:+.2f}); step-to-step spread {r['step_to_step_spread']:.2f}")
     print(f"plot: {out / 'ppo_reward.png'}\nresults: {out / 'results.json'}")
     return 0
 

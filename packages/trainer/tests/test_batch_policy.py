@@ -65,6 +65,35 @@ def test_rollouts_through_agent_loop_record_exact_logprobs(toy_model):
     diff = ((lp - batch.rollout_logp).abs() * batch.action_mask).max().item()
     assert diff < 1e-4
     assert batch.num_action_tokens == sum(sum(t.loss_mask) for t in trajs)
+    with torch.no_grad():  # the output head at the model's tokens only: the same numbers there
+        kept, _ = actor_forward(model, batch.input_ids, batch.attention_mask, action_mask=batch.action_mask)
+    assert ((kept - batch.rollout_logp).abs() * batch.action_mask).max().item() < 1e-4
+
+
+def test_output_head_at_model_tokens_only_gives_the_same_loss_and_gradients(toy_model):
+    from cuda_agent.trainer.losses import aggregate
+    from cuda_agent.trainer.models import accepts_logits_to_keep
+
+    model = load_causal_lm(toy_model)
+    assert accepts_logits_to_keep(model)
+    a = _traj([5, 6, 7], [8, 9, 10, 11, 12], [1, 1, 0, 0, 1], [0.0] * 5, 1.0)
+    b = _traj([5], [13, 14], [0, 1], [0.0] * 2, -1.0)
+    batch = collate([a, b], pad_id=0)
+    results = []
+    for mask in (None, batch.action_mask):
+        model.zero_grad()
+        lp, ent = actor_forward(model, batch.input_ids, batch.attention_mask, 0.7, with_entropy=True, action_mask=mask)
+        loss = aggregate(-lp + 0.1 * ent, batch.action_mask)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        m = batch.action_mask.bool()
+        results.append((loss.item(), lp[m], ent[m], grads))
+        if mask is not None:  # positions without a model token in any row are never computed
+            assert lp[:, ~batch.action_mask.bool().any(0)].abs().sum().item() == 0.0
+    (l0, lp0, e0, g0), (l1, lp1, e1, g1) = results
+    assert l1 == pytest.approx(l0, rel=1e-5)
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    assert len(g0) == len(g1) and all(torch.allclose(x, y, atol=1e-6) for x, y in zip(g0, g1))
 
 
 def test_trajectory_roundtrip(tmp_path):

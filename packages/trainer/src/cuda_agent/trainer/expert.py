@@ -123,14 +123,15 @@ def parse_task(code: str) -> tuple[tuple[str, ...], str | None] | None:
 # -- the expert's files and turns ------------------------------------------------------------
 
 def kernel_source(ops: tuple[str, ...], reduce: str | None) -> str:
-    body = "\n".join(f"      {UNARY[op][1]}" for op in ops)
+    """The fused C++ kernel: each line of ``forward`` quoted as a comment above its statement."""
+    pad = "      " if reduce else "    "
+    body = "\n".join(f"{pad}// x = {UNARY[op][0]}\n{pad}{UNARY[op][1]}" for op in ops)
     if reduce is None:
-        body = "\n".join(f"    {UNARY[op][1]}" for op in ops)
         return ("#include <cmath>\n#include <cstdint>\n\n"
                 'extern "C" void fused(const float* __restrict x, float* __restrict out, int64_t n) {\n'
                 "#pragma omp parallel for simd schedule(static)\n"
                 "  for (int64_t i = 0; i < n; ++i) {\n    float v = x[i];\n"
-                f"{body}\n    out[i] = v;\n  }}\n}}\n")
+                + (body + "\n" if body else "") + "    out[i] = v;\n  }\n}\n")
     init, update, final = REDUCE[reduce][1:]
     return ("#include <cmath>\n#include <cstdint>\n\n"
             'extern "C" void fused(const float* __restrict x, float* __restrict out, int64_t rows, int64_t n) {\n'
@@ -139,7 +140,7 @@ def kernel_source(ops: tuple[str, ...], reduce: str | None) -> str:
             f"    float acc = {init};\n"
             "    for (int64_t i = 0; i < n; ++i) {\n      float v = row[i];\n"
             + (body + "\n" if body else "") +
-            f"      {update}\n    }}\n    out[r] = {final};\n  }}\n}}\n")
+            f"      // return {REDUCE[reduce][0]}\n      {update}\n    }}\n    out[r] = {final};\n  }}\n}}\n")
 
 
 def model_new_source(reduce: str | None) -> str:
@@ -160,10 +161,14 @@ def expert_turns(code: str) -> list[str] | None:
     if parsed is None:
         return None
     ops, reduce = parsed
-    what = " then ".join(list(ops) + ([reduce] if reduce else []))
+    # what the answer depends on is quoted from the task first (the last line of forward, then
+    # each line above its C++ statement): a small model copies before it translates
+    last = f"return {REDUCE[reduce][0]}" if reduce else "return x"
+    shape = "one output per row" if reduce else "one output per element"
     return [
         "I read the skeleton I have to fill in.\n" + format_tool_call("read", {"path": "model_new.py"}),
-        f"The forward is {what}. I fuse it into one C++ loop and call it from ModelNew.\n"
+        f"The last line of forward is `{last}`: {shape}. I write each line of forward as one C++ statement "
+        "in one fused loop and call it from ModelNew.\n"
         + format_tool_call("write", {"path": "kernels/fused.cpp", "content": kernel_source(ops, reduce)}) + "\n"
         + format_tool_call("write", {"path": "model_new.py", "content": model_new_source(reduce)}),
         format_tool_call("bash", {"command": "python tools/compile.py && python tools/verify.py"}),

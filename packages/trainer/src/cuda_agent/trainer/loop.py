@@ -57,10 +57,11 @@ class Trainer:
             mb = batch.select(idx).to(self.device)
             t = mb.action_mask.shape[1]
             if need_old and not use_rollout:
-                lp, _ = actor_forward(self.actor, mb.input_ids, mb.attention_mask, temp)
+                lp, _ = actor_forward(self.actor, mb.input_ids, mb.attention_mask, temp, action_mask=mb.action_mask)
                 old[idx, :t] = lp.float().cpu()
             if need_ref:
-                lp, _ = actor_forward(self.reference, mb.input_ids, mb.attention_mask, temp)
+                lp, _ = actor_forward(self.reference, mb.input_ids, mb.attention_mask, temp,
+                                      action_mask=mb.action_mask)
                 ref[idx, :t] = lp.float().cpu()
             if need_values:
                 vals[idx, :t] = critic_forward(self.critic, mb.input_ids, mb.attention_mask).float().cpu()
@@ -123,7 +124,8 @@ class Trainer:
                     self.actor.train()
                     for j, idx in enumerate(micros):
                         mb = sub.select(idx).to(self.device)
-                        logp, ent = actor_forward(self.actor, mb.input_ids, mb.attention_mask, temp, with_entropy=True)
+                        logp, ent = actor_forward(self.actor, mb.input_ids, mb.attention_mask, temp, with_entropy=True,
+                                                  action_mask=mb.action_mask)
                         loss, st = algo.actor_loss(mb, logp, ent, norm)
                         self.actor.backward(loss * ws, last=(j == len(micros) - 1))
                         st["loss"] = loss.item() * norm / max(mb.action_mask.sum().item(), 1.0)

@@ -95,16 +95,55 @@ def value_model_from_causal_lm(lm: nn.Module) -> ValueModel:
     return ValueModel(base, lm.config.hidden_size).to(next(lm.parameters()).dtype)
 
 
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the causal LM (under an engine or DDP wrapper) computes its output head at given positions only."""
+    import inspect
+
+    target = model
+    while hasattr(target, "module") and isinstance(getattr(target, "module"), nn.Module):
+        target = target.module
+    try:
+        return "logits_to_keep" in inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def actor_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` (and per-position entropy) from one forward pass."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    logits = out.logits[:, :-1]
-    logp = logprobs_from_logits(logits, input_ids[:, 1:], temperature)
+                  with_entropy: bool = False, action_mask: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` (and per-position entropy) from one forward pass.
+
+    With ``action_mask`` (``[B, L-1]``) the output head, softmax and entropy run only at the columns
+    where some row has a model token (prompt and tool output are most of an agent's sequence, and
+    the head over a large vocabulary is a large share of the cost); other positions get 0.
+    """
+    keep = None
+    if action_mask is not None and accepts_logits_to_keep(model):
+        cols = action_mask.bool().any(0).nonzero().flatten()
+        if 0 < len(cols) < action_mask.shape[1]:
+            keep = cols.to(input_ids.device)
+    if keep is None:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        logits = out.logits[:, :-1]
+        targets = input_ids[:, 1:]
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep)
+        logits = out.logits
+        targets = input_ids[:, keep + 1]
+    logp = logprobs_from_logits(logits, targets, temperature)
     ent = None
     if with_entropy:
         scaled = logits.float() / temperature if temperature and temperature != 1.0 else logits
         ent = entropy_from_logits(scaled)
+    if keep is not None:
+        shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+        full = logp.new_zeros(shape)
+        full[:, keep] = logp
+        logp = full
+        if ent is not None:
+            full_ent = ent.new_zeros(shape)
+            full_ent[:, keep] = ent
+            ent = full_ent
     return logp, ent
 
 
