@@ -202,6 +202,7 @@ def relu_ws(tmp_path_factory):
 
 
 def popts(tmp_path, **kw):
+    kw.setdefault("attempts", 1)  # one timing attempt unless a test is about attempts
     return jobs.ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), profiler_options=dict(FAST),
                                compile_baseline=False, **kw)
 
