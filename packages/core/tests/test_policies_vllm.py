@@ -11,7 +11,6 @@ before the update were the untaught model's.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -93,30 +92,12 @@ def taught(vllm_tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_tiny_model, taught):
+def engine(vllm_tiny_model, taught, in_process_vllm):
     """The engine, started after the teaching: once it runs in this process, vLLM keeps torch's
-    thread count where it was (``torch.set_num_threads`` does nothing)."""
-    pytest.importorskip("vllm")
-    from cuda_agent.core.policies.vllm import VLLMPolicy
-
-    mp = pytest.MonkeyPatch()
-    # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process: put it back after
-    mp.setattr(torch, "set_num_threads", torch.set_num_threads)
-    threads = torch.get_num_threads()
-    # its attention checks that a call runs on as many threads as the process may use cores
-    # (another test file may have lowered torch's count for this process)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
-    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the test process's threads where they are
-    pol = VLLMPolicy(VLLMPolicy.Options(
-        model=str(vllm_tiny_model), dtype="float32", max_model_len=4096, seed=0, max_new_tokens=64,
-        engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20, "distributed_executor_backend": "uni"}))
-    try:
+    thread count where it was (``torch.set_num_threads`` does nothing until it is closed)."""
+    with in_process_vllm(model=str(vllm_tiny_model), max_model_len=4096, max_new_tokens=64,
+                         engine_args={"kv_cache_memory_bytes": 64 << 20}) as pol:
         yield pol
-    finally:
-        pol.close()
-        mp.undo()
-        torch.set_num_threads(threads)
 
 
 def test_episode_tokens_logprobs_and_masks_after_a_weight_update(engine, taught):

