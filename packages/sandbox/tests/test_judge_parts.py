@@ -183,3 +183,39 @@ def test_each_input_set_is_given_in_the_tensors_of_the_one_before():
     wide = torch.randn(1, 3).expand(4, 3)
     st.held_inputs = [wide]
     assert refilled(st, [torch.randn(1, 3).expand(4, 3)])[0] is not wide  # shared memory: fresh tensors
+
+
+def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported_calls(monkeypatch):
+    """On the CPU backend the loop's own work is measured again after a failed clock check and
+    the larger estimate kept, but only up to OWN_RISE of the loop's mean reported call above the
+    one before (its fixed part not at all): a rise bounded by the own work itself (three times
+    the kernel on a 2-core CI host) covered a report divided by 8."""
+    import contextlib
+
+    from cuda_agent.sandbox.isolation import hostlock
+    from cuda_agent.sandbox.judge import timing
+
+    timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
+    timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
+    timer.reference_at = lambda i, j: torch.ones(4)
+    timer.pristine = lambda s: [torch.ones(4)]
+    timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0, "plain": 0.5}
+    measured = {"cpu": 1.8, "cpu_fixed": 9.0, "plain": 0.4}  # the host grew busy
+    monkeypatch.setattr(timing, "loop_overhead_ms", lambda *a, **k: dict(measured))
+    monkeypatch.setattr(hostlock, "timing", contextlib.nullcontext)
+
+    class Profiler:
+        begin = loop = None
+
+    # a report divided by 8 of a 0.44 ms kernel: 0.055 ms a call; the estimate may rise 0.0275 ms
+    timer.measure_overhead(Profiler(), keep=max, rise_per_call=timing.OWN_RISE * 0.055)
+    assert timer.overhead["cpu"] == pytest.approx(1.2 + 0.0275)
+    assert timer.overhead["cpu_fixed"] == 4.0 and timer.overhead["plain"] == 0.5
+    # what the recheck then sees: 720 calls that really spent 0.44 ms each are caught
+    own = 720 * timer.overhead["cpu"] + timer.overhead["cpu_fixed"]
+    why, info = timing.cpu_check([0.055] * 720, own + 720 * 0.44, own, 1, 1)
+    assert why and info["unaccounted_ms"] > 250
+    # an honest loop whose own work really rose is charged the rise past the bound, never refused
+    timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0}
+    timer.measure_overhead(Profiler(), keep=max, rise_per_call=timing.OWN_RISE * 0.44)
+    assert timer.overhead["cpu"] == pytest.approx(1.42)

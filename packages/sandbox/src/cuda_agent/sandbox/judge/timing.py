@@ -54,9 +54,12 @@ CPU_MAX_CALLS = 100_000
 CPU_MAX_LOOP_MS = 2000.0  # a lengthened loop's CPU time, its own work (checksums) included
 CHECKED_CALLS = 5
 # on the CPU backend the loop's own work measured again after a failed check (a busy host) may
-# count for at most this much more than before: an estimate that rose without bound let a report
-# divided by 8 pass on a loaded 2-core host (the rise covered the time the report left out)
+# rise by at most this share of the loop's mean reported call, per call (its fixed part not at
+# all): a rise bounded by the own work itself let a report divided by 8 pass on a loaded 2-core
+# host, where the own work is several times the kernel (the rise covered what the report left
+# out); bounded by the report, a report divided by more than about 1 + 0.25 + OWN_RISE is caught
 OWN_RISE = 0.5
+FIXED_OWN = ("fixed", "cpu_fixed")  # the own work's per-loop parts; the others are per call
 # the reported calls' mean may exceed their median by this share (outliers of an honest
 # loop); beyond it the median is raised to mean / (1 + SKEW): the trusted clock bounds the
 # calls' sum, so time moved from most calls into a few is still paid for, less at most this
@@ -279,13 +282,15 @@ class CandidateTimer:
 
     _profiler: Any = None
 
-    def measure_overhead(self, profiler: Any, keep: Any = None, calls: int = NULL_CALLS) -> None:
+    def measure_overhead(self, profiler: Any, keep: Any = None, calls: int = NULL_CALLS,
+                         rise_per_call: float = 0.0) -> None:
         """The loop's own cost, measured here (``keep``: ``min`` or ``max``, how a new
         measurement is combined with the one before). It is measured before the candidate is
         loaded and again once it is warm, keeping the smaller (another process starting on
         the host inflates either; a candidate can only inflate the second), and measured again
         after a loop that failed the clock check: on the CPU backend keeping the larger (the host
-        was busy while the loop ran), on a GPU the smaller (the charge can only grow)."""
+        was busy while the loop ran) but at most ``rise_per_call`` ms a call above the one before,
+        on a GPU the smaller (the charge can only grow)."""
         if not all(hasattr(profiler, a) for a in ("begin", "loop")):
             return
         from ..isolation import hostlock
@@ -303,7 +308,8 @@ class CandidateTimer:
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
             if keep is max:  # a busy host's estimate counts up to a bound: past it, the loop is charged
-                new = {k: min(v, (1.0 + OWN_RISE) * self.overhead.get(k, v)) for k, v in new.items()}
+                new = {k: min(v, self.overhead.get(k, v) + (0.0 if k in FIXED_OWN else rise_per_call))
+                       for k, v in new.items()}
         self.overhead = new
         self.meta["loop_overhead_ms"] = {k: round(v, 5) for k, v in self.overhead.items()}
 
@@ -379,7 +385,7 @@ class CandidateTimer:
                 # the candidate loaded, and one more kept when larger is noise in the candidate's
                 # favour (on an H200 it rose by half the loop's own work, enough to hide samples
                 # divided by 8 on a 0.14 ms kernel); a failed check there is charged, not refused
-                self.measure_overhead(self._profiler, keep=max)
+                self.measure_overhead(self._profiler, keep=max, rise_per_call=OWN_RISE * sum(samples) / max(1, n))
                 why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
             elif why and self._profiler is not None and not charged_again:
                 # on a GPU, once: the loop's own work measured again and the smallest estimate kept,
