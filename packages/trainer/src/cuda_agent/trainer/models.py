@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 from cuda_agent.core.errors import ConfigError
+from torch import nn
 
 from .losses import entropy_from_logits, logprobs_from_logits
 
@@ -97,15 +97,28 @@ def value_model_from_causal_lm(lm: nn.Module) -> ValueModel:
 
 def accepts_logits_to_keep(model: Any) -> bool:
     """Whether the causal LM (under an engine or DDP wrapper) computes its output head at given positions only."""
-    import inspect
-
     target = model
     while hasattr(target, "module") and isinstance(getattr(target, "module"), nn.Module):
         target = target.module
+    return _forward_takes_logits_to_keep(type(target))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    """(once per model class: ``actor_forward`` asks at every micro-batch)"""
+    import inspect
+
     try:
-        return "logits_to_keep" in inspect.signature(target.forward).parameters
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _at_columns(values: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """``values`` (``[B, len(cols)]``) placed at ``cols`` of a zero tensor of ``shape``."""
+    full = values.new_zeros(shape)
+    full[:, cols] = values
+    return full
 
 
 def actor_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
@@ -137,13 +150,8 @@ def actor_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
         ent = entropy_from_logits(scaled)
     if keep is not None:
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-        full = logp.new_zeros(shape)
-        full[:, keep] = logp
-        logp = full
-        if ent is not None:
-            full_ent = ent.new_zeros(shape)
-            full_ent[:, keep] = ent
-            ent = full_ent
+        logp = _at_columns(logp, keep, shape)
+        ent = _at_columns(ent, keep, shape) if ent is not None else None
     return logp, ent
 
 
