@@ -20,7 +20,8 @@ whether every verdict agrees between the paths and how far the speedups moved.
 (every refusal inside the GPU job, baselines measured before verification, verification of a
 hopeless candidate on every input set, timeouts from profiles only) and after (refusals that
 need no GPU before the build, baselines only once a candidate verified, a hopeless first call
-ending verification after one input set, eager times for timeouts read from the cache). Each
+ending verification after one input set, eager times for timeouts read from the cache, worker
+and candidate processes forked from processes that imported torch once). Each
 runs twice, first with an empty baseline cache (fresh) and then with the one it filled
 (cached); builds are shared by every run (the first one builds, and its build column shows
 it). The mix holds, besides the honest solutions, one statically refused file and one
@@ -229,7 +230,8 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                # how the candidate's outputs came (device memory or host memory, and why) and
                # whether its candidate process was warm (made ahead of the job) or started for it
                "output_transfer": str((v.metadata or {}).get("output_transfer", "")),
-               "candidate_process": str((v.metadata or {}).get("candidate_process", ""))}
+               "candidate_process": str((v.metadata or {}).get("candidate_process", "")),
+               "job_started": str((v.metadata or {}).get("job_started", ""))}
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
             rows.append(row)
@@ -277,23 +279,32 @@ def main() -> None:
             (sol / f"level{task.level}").mkdir(parents=True, exist_ok=True)
             suffix = f"-{kind[0]}" if kind and kind[0] != "honest" else ""
             (sol / f"level{task.level}" / (task.id.split("/", 1)[1] + suffix + ".py")).write_text(code)
-    from cuda_agent.sandbox.executors.local import LocalExecutor
+    from cuda_agent.sandbox.executors.local import LocalExecutor, LocalExecutorOptions
 
     work = Path(tempfile.mkdtemp(prefix="bench-judge-"))
     os.chmod(work, 0o755)
-    executor = LocalExecutor()
-    executor.start()
-    try:
-        runs = []
-        if compare:  # each path from an empty baseline cache, then with the one it filled
-            warm = 0.0
-            for path in (x for x in paths if x in ("before", "after")):
+    runs = []
+    if compare:  # each path from an empty baseline cache, then with the one it filled
+        warm = 0.0
+        for path in (x for x in paths if x in ("before", "after")):
+            # before: every worker and candidate process started from nothing; after: forked
+            # from processes that imported torch once (the executor's fork server)
+            executor = LocalExecutor(LocalExecutorOptions(fork_server=path == "after"))
+            os.environ["CUDA_AGENT_CANDIDATE_FORK"] = "1" if path == "after" else "0"
+            executor.start()
+            try:
                 cache = str(work / f"baselines-{path}")
                 for when in ("fresh", "cached"):
                     print(f"-- {path}, baselines {when}", flush=True)
                     runs.append(score(executor, items, work, True, args.build_workers, args.rules,
                                       f"{path}, baselines {when}", cache))
-        else:
+            finally:
+                executor.close()
+    executor = LocalExecutor()
+    if not compare:
+        executor.start()
+    try:
+        if not compare:
             warm = 0.0 if args.no_warm else warm_baselines(executor, items, work)
             print(f"baselines measured and cached in {warm:.0f} s", flush=True)
             runs = [score(executor, items, work, p == "new", args.build_workers, args.rules)
@@ -313,8 +324,10 @@ def main() -> None:
     for r in runs:  # the outputs' way and the candidate processes' start, per path
         ways = statistics.multimode([x["output_transfer"].split(" (")[0] or "-" for x in r["rows"]] or ["-"])
         n_warm = sum(1 for x in r["rows"] if x["candidate_process"].startswith("warm"))
+        n_forked = sum(1 for x in r["rows"] if x.get("job_started", "").startswith("forked"))
         slow = [x for x in r["rows"] if x["load"] > 1.0]
-        print(f"{r['path']}: outputs mostly via {', '.join(ways)}; warm candidate processes {n_warm}/{len(r['rows'])}; "
+        print(f"{r['path']}: outputs mostly via {', '.join(ways)}; warm candidate processes {n_warm}/{len(r['rows'])}, "
+              f"forked {n_forked}; "
               f"load over 1 s: {len(slow)} ({', '.join(sorted({x['candidate_process'][:60] for x in slow})) or '-'})")
     if compare:  # what the order of work and the bounds changed, per run
         print("\n| run | refused before the build | verifications stopped | baselines measured | baseline s "

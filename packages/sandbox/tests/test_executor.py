@@ -342,3 +342,30 @@ def test_executor_check_command(capsys):
     assert code == 0, out
     assert "segfault   crash      crash" in out and "timed out after 1.5 s" in out
     assert out.count("PASS") == 5
+
+
+def test_workers_are_forked_from_the_pools_fork_server_and_each_job_gets_a_fresh_one():
+    with cpu(workers=1, preload=["json"]) as e:
+        first, second = e.run(Job(S + "echo")), e.run(Job(S + "echo"))
+        servers = [s.proc.pid for s in e.pool._fork_servers.values() if s is not None]
+        assert e.stats()["fork_server"] == "on"
+    assert len(servers) == 1
+    assert first["parent"] == second["parent"] == servers[0] != os.getpid()
+    assert first["pid"] != second["pid"]
+    assert first["visible"] == "" and first["worker"] == "cpu0"  # the slot's own environment
+    with cpu(workers=1, fork_server=False) as e:
+        direct = e.run(Job(S + "echo"))
+        assert e.stats()["fork_server"] == "off"
+    assert direct["parent"] == os.getpid()
+
+
+def test_a_fork_server_that_cannot_fork_safely_leaves_the_pool_starting_workers_itself(tmp_path, monkeypatch):
+    # a preloaded module that starts a thread: a fork would copy its memory but not the thread
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), name='busy', daemon=True).start()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with cpu(workers=1, preload=["starts_a_thread"]) as e:
+        r = e.run(Job(S + "echo", {"value": 1}))
+        why = e.stats()["fork_server"]
+    assert r["value"] == 1 and r["parent"] == os.getpid()
+    assert "the preloaded modules started threads (busy)" in why

@@ -95,6 +95,8 @@ def test_honest_candidate_verifies_and_profiles_without_root(executor, setup):
     v = run(executor, "verify", ws, options={"seed": 1})
     assert v.ok, v.message
     check_user(setup, v.metadata)
+    # forked from its worker (torch imported, no CUDA context), then the job's user all the same
+    assert v.metadata["job_started"] == "forked from the job's worker", v.metadata
     assert v.metadata["job_mounts"] == "private" or v.metadata["job_mounts"].startswith("shared")
     p1 = run(executor, "profile", ws, options=popts(setup))
     assert p1.ok, p1.message

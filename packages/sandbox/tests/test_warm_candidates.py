@@ -174,3 +174,21 @@ def test_a_warm_process_no_job_claims_ends_with_nothing_left(job_process, tmp_pa
     s.close()
     if warm.identity is not None:
         assert identity.processes_of(warm.identity.uid) == []
+
+
+def test_a_candidate_process_is_forked_only_from_a_clean_job_worker(monkeypatch):
+    # this test's own process is no job's worker: a fork would copy the test runner
+    assert client._why_not_fork() == "not a job's worker process"
+    monkeypatch.setenv("CUDA_AGENT_JOB_PROCESS", str(os.getpid()))
+    import threading
+
+    stop = threading.Event()
+    busy = threading.Thread(target=stop.wait, name="busy-thread", daemon=True)
+    busy.start()
+    try:
+        assert client._why_not_fork().startswith("threads running:")
+    finally:
+        stop.set()
+        busy.join()
+    monkeypatch.setenv(client.FORK_ENV, "0")
+    assert client._why_not_fork() == "switched off"

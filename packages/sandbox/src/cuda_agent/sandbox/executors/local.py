@@ -78,8 +78,8 @@ class _PoolExecutor(Executor):
         env = {}
         if o.quiet_timing:  # see cuda_agent.sandbox.isolation.hostlock
             env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
-        # last: each worker starts its candidate process (cuda_agent.sandbox.judge) ahead of
-        # its job, once its own CUDA context is made
+        # each worker starts its candidate process (cuda_agent.sandbox.judge) ahead of its job,
+        # before its own CUDA context (the candidate process is forked from the worker)
         init.append(PRESTART)
         return dict(
             name=self.name,
@@ -92,6 +92,7 @@ class _PoolExecutor(Executor):
             lock_dir=(o.lock_dir or default_lock_dir()) if o.exclusive else None,
             init=init,
             env=env,
+            fork_server=o.fork_server,
         )
 
     @property
@@ -161,6 +162,9 @@ class LocalExecutorOptions:
     # job on this machine, in any pool: a host-wide reader/writer lock in lock_dir (see
     # cuda_agent.sandbox.isolation.hostlock)
     quiet_timing: bool = True
+    # workers are forked from one process that imported the preload modules once, not started
+    # from nothing (cuda_agent.sandbox.executors.fork_server): a fresh worker costs a fork
+    fork_server: bool = True
 
 
 def visible_gpus() -> list[str]:
@@ -225,7 +229,9 @@ class LocalExecutor(_PoolExecutor):
         kw = super().pool_kwargs()
         kw["health_check"] = self.options.health_check or None
         if self.options.warm_cuda:
-            kw["init"] = [i for i in kw["init"] if i != PRESTART] + ["cuda_agent.sandbox.executors.health:cuda_init", PRESTART]
+            # after the candidate process: it is forked from this worker, which must not have
+            # a CUDA context yet (cuda_agent.sandbox.judge.client)
+            kw["init"] = kw["init"] + ["cuda_agent.sandbox.executors.health:cuda_init"]
         return kw
 
 
@@ -248,6 +254,7 @@ class CpuExecutorOptions:
     exclusive: bool = False  # lock each device label machine-wide (as the GPU pool does)
     lock_dir: str = ""
     quiet_timing: bool = True  # timed sections never overlap CPU-heavy ones (see LocalExecutorOptions)
+    fork_server: bool = True  # workers forked from one process with the preload imported (see LocalExecutorOptions)
 
 
 class CpuExecutor(_PoolExecutor):

@@ -13,16 +13,22 @@
 * ``recycle``: ``always`` (a fresh process for every job, the default: no state of one
   candidate, loaded extension or monkey-patch survives into the next job), ``on_error``,
   or ``never``.
+* ``fork_server``: workers are forked from a process that imported the preload modules
+  once (:mod:`.fork_server`), not started from nothing; a fresh process per job then costs
+  a fork instead of the imports. Off, or when that process fails, workers start directly.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 from concurrent.futures import Future
 
+from .fork_server import ForkServer
 from .job import Job, JobError
 from .job_queue import JobQueue, JobRecord
 from .slot import DeviceSlot
@@ -31,6 +37,7 @@ from .worker_process import DeviceSpec
 __all__ = ["RECYCLE_MODES", "DeviceSpec", "JobRecord", "WorkerPool"]
 
 RECYCLE_MODES = ("always", "on_error", "never")
+FORK_SERVER_ENV = "CUDA_AGENT_FORK_SERVER"  # "0": every pool starts its workers directly
 
 
 class WorkerPool:
@@ -55,6 +62,7 @@ class WorkerPool:
         warm: bool = True,
         keep_records: int = 10000,
         lock_dir: str | None = None,
+        fork_server: bool = True,
     ):
         if not devices:
             raise JobError("invalid", f"{name}: no devices to run jobs on")
@@ -79,12 +87,62 @@ class WorkerPool:
         self.log_dir = tempfile.mkdtemp(prefix=f"cuda-agent-{name}-")
         self.lock_dir = lock_dir or None  # machine-wide per-device job locks (None: off)
         self.queue = JobQueue(name, keep_records)
+        # one fork server per distinct worker environment (see .fork_server); None: failed
+        self.use_fork_server = bool(fork_server) and os.environ.get(FORK_SERVER_ENV, "").strip().lower() not in (
+            "0", "false", "no", "off")
+        self.fork_server_error = ""
+        self._fork_servers: dict[str, ForkServer | None] = {}
+        self._fork_lock = threading.Lock()
+        if self.use_fork_server:
+            for spec in self.devices:
+                self.fork_server(self.worker_env(spec))
         self._slots = [DeviceSlot(self, spec) for spec in self.devices]
         if warm:
             for slot in self._slots:
                 slot.warm_up()
         for slot in self._slots:
             slot.thread.start()
+
+    def worker_env(self, spec: DeviceSpec) -> dict[str, str]:
+        """The environment a worker of device ``spec`` runs in."""
+        env = dict(os.environ)
+        env.update(self.env)
+        env.update(spec.env)
+        env["CUDA_AGENT_WORKER_DEVICE"] = spec.label
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def fork_server(self, env: dict[str, str]) -> ForkServer | None:
+        """The fork server for workers that run in ``env`` (started on first use); None when
+        the pool starts its workers directly."""
+        if not self.use_fork_server:
+            return None
+        key = json.dumps(env, sort_keys=True)
+        with self._fork_lock:
+            if key not in self._fork_servers and not self.closed:
+                self._fork_servers[key] = ForkServer(
+                    python=self.python, env=env, preload=self.preload,
+                    sys_path=[p for p in sys.path if p and os.path.isdir(p)],
+                    log_path=os.path.join(self.log_dir, f"fork-server-{len(self._fork_servers)}.log"))
+            return self._fork_servers.get(key)
+
+    def fork_server_failed(self, env: dict[str, str], why: str) -> None:
+        """Start workers for ``env`` directly from now on, and say why once."""
+        key = json.dumps(env, sort_keys=True)
+        with self._fork_lock:
+            server = self._fork_servers.get(key)
+            self._fork_servers[key] = None
+        if server is not None:
+            tail = ""
+            try:
+                with open(server.log_path, errors="replace") as f:
+                    tail = " ".join(f.read().strip().splitlines()[-3:])
+            except OSError:
+                pass
+            self.fork_server_error = why + (f" ({tail[-400:]})" if tail else "")
+            print(f"{self.name}: workers start without the fork server: {self.fork_server_error}",
+                  file=sys.stderr, flush=True)
+            server.close()
 
     def device_lock_path(self, label: str, kind: str = "") -> str | None:
         """The machine-wide lock file of device ``label``: its job lock, or with ``kind``
@@ -126,6 +184,7 @@ class WorkerPool:
             "running": [s.spec.label for s in self._slots if s.current is not None],
             "restarts": {s.spec.label: s.restarts for s in self._slots},
             "workers_started": {s.spec.label: s.n_started for s in self._slots},
+            "fork_server": "off" if not self.use_fork_server else (self.fork_server_error or "on"),
             "results": counts,
         }
 
@@ -154,6 +213,11 @@ class WorkerPool:
             # a worker started by a slot that was finishing a job as we closed
             for slot in self._slots:
                 slot.close()
+        with self._fork_lock:
+            servers, self._fork_servers = list(self._fork_servers.values()), {}
+        for server in servers:
+            if server is not None:
+                server.close()
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> WorkerPool:

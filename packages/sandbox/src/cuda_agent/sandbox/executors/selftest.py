@@ -13,6 +13,7 @@ def echo(value=None, device: str = "") -> dict:
         "value": value,
         "device": device,
         "pid": os.getpid(),
+        "parent": os.getppid(),
         "worker": os.environ.get("CUDA_AGENT_WORKER_DEVICE", ""),
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }

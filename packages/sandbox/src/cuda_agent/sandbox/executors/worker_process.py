@@ -1,7 +1,8 @@
 """One worker process as its pool sees it, and the device it serves.
 
-A :class:`WorkerProcess` starts ``python -m cuda_agent.sandbox.executors.worker`` in a
-session of its own with a socket to the pool, waits until it is ready (modules preloaded,
+A :class:`WorkerProcess` starts ``python -m cuda_agent.sandbox.executors.worker`` (or,
+with the pool's fork server, forks it from a process that has imported the preload modules
+once: :mod:`.fork_server`) in a session of its own with a socket to the pool, waits until it is ready (modules preloaded,
 CUDA context made), sends it one job at a time and waits for the answer, the process's end
 or the job's deadline. A job that times out or crashes the process ends in a
 :class:`~.job.JobError` that says so in one line, with the tail of the worker's output;
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from .fork_server import ForkServerError
 from .job import Job, JobError, classify_exception, describe_exception, describe_exit, format_seconds
 from .job_queue import JobRecord
 
@@ -62,23 +64,27 @@ class WorkerProcess:
             "device_quiet_lock": pool.device_lock_path(spec.label, "quiet"),
             "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
         }
-        env = dict(os.environ)
-        env.update(pool.env)
-        env.update(spec.env)
-        env["CUDA_AGENT_WORKER_DEVICE"] = spec.label
-        env.setdefault("PYTHONUNBUFFERED", "1")
+        env = pool.worker_env(spec)
         self.log = open(self.log_path, "ab")
+        self.proc: Any = None
         try:
-            self.proc = subprocess.Popen(
-                [pool.python, "-m", "cuda_agent.sandbox.executors.worker", json.dumps(cfg)],
-                stdin=subprocess.DEVNULL,
-                stdout=self.log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(child_fd,),
-                start_new_session=True,
-                env=env,
-                close_fds=True,
-            )
+            server = pool.fork_server(env)
+            if server is not None:
+                try:
+                    self.proc = server.fork(cfg, self.log.fileno(), child_fd, pool.start_timeout)
+                except ForkServerError as exc:
+                    pool.fork_server_failed(env, str(exc))
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [pool.python, "-m", "cuda_agent.sandbox.executors.worker", json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=self.log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(child_fd,),
+                    start_new_session=True,
+                    env=env,
+                    close_fds=True,
+                )
         finally:
             os.close(child_fd)
         self.pid = self.proc.pid

@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,18 @@ class CandidateProcess:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.pop("CUDA_AGENT_JOB_PROCESS", None)
         try:
-            self.proc, how = identity.spawn(
-                [sys.executable, "-m", "cuda_agent.sandbox.judge.candidate", json.dumps(cfg)], pidns=pidns,
-                stdin=_devnull(), stdout=self._log, stderr=self._log, pass_fds=(theirs.fileno(),),
-                close_fds=True, env=env)
+            why_not = _why_not_fork()
+            if not why_not:
+                self.proc, how = identity.fork(partial(_candidate_main, cfg), pidns=pidns,
+                                               output_fd=self._log.fileno(), keep_fds=(theirs.fileno(),), env=env)
+            else:
+                self.proc, how = identity.spawn(
+                    [sys.executable, "-m", "cuda_agent.sandbox.judge.candidate", json.dumps(cfg)], pidns=pidns,
+                    stdin=_devnull(), stdout=self._log, stderr=self._log, pass_fds=(theirs.fileno(),),
+                    close_fds=True, env=env)
         finally:
             theirs.close()
+        self.isolation["started"] = "forked from the job's worker" if not why_not else f"started anew ({why_not})"
         self.isolation["pid_namespace"] = how
         self._pidns = how == "own PID namespace"
 
@@ -256,6 +263,40 @@ class CandidateProcess:
         if self.inbox is not None and not self.claimed:  # a job's inbox goes with its session
             shutil.rmtree(self.inbox, ignore_errors=True)
         return self.isolation
+
+
+def _candidate_main(cfg: dict) -> int:
+    """The forked candidate process's program: as ``python -m cuda_agent.sandbox.judge.candidate``
+    (the entry point is its ``__main__``, its command line only that config)."""
+    from . import candidate
+
+    sys.modules["__main__"] = candidate
+    sys.argv = [candidate.__file__, json.dumps(cfg)]
+    return candidate.main([json.dumps(cfg)])
+
+
+FORK_ENV = "CUDA_AGENT_CANDIDATE_FORK"  # "0": candidate processes start anew, never forked
+_QUIET_THREADS = {"parent-watch"}  # the worker's own threads, which hold no lock a child needs
+
+
+def _why_not_fork() -> str:
+    """Why this process must start its candidate process anew rather than fork it; "" when a
+    fork is safe. A fork copies this process: it is done only in a job's worker process
+    (which holds nothing of a job before its job comes) that has made no CUDA context
+    (a child cannot use its parent's) and runs no thread but its own watch."""
+    if os.environ.get(FORK_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return "switched off"
+    if os.environ.get("CUDA_AGENT_JOB_PROCESS") != str(os.getpid()):
+        return "not a job's worker process"
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "torch is not imported here"
+    if torch.cuda.is_initialized():
+        return "this process has a CUDA context"
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.name not in _QUIET_THREADS]
+    if others:
+        return f"threads running: {', '.join(sorted(others)[:3])}"
+    return ""
 
 
 def _devnull() -> Any:

@@ -20,7 +20,9 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from ..isolation.forked_child import ForkedChild
 
 JOB_UID_BASE = 60000
 JOB_UID_COUNT = 1000
@@ -120,18 +122,28 @@ def pidns_refused(device: str, why: str) -> None:
 def spawn(argv: list[str], pidns: bool = True, **popen: Any) -> tuple[subprocess.Popen, str]:
     """Start ``argv`` (as the first process of a new PID namespace when ``pidns`` and root).
     Returns the process and how it was isolated ("own PID namespace" or why not)."""
+    return _start(lambda: subprocess.Popen(argv, **popen), pidns)
+
+
+def fork(run: Callable[[], int], pidns: bool = True, **child: Any) -> tuple[ForkedChild, str]:
+    """Fork a child that runs ``run`` (:class:`ForkedChild`; ``child`` are its output and
+    the descriptors it keeps), isolated as :func:`spawn` isolates a started process."""
+    return _start(lambda: ForkedChild.start(run, **child), pidns)
+
+
+def _start(make: Callable[[], Any], pidns: bool) -> tuple[Any, str]:
     how = "host PID namespace"
     if not pidns or os.environ.get(PIDNS_ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return subprocess.Popen(argv, **popen), f"{how} (switched off)"
+        return make(), f"{how} (switched off)"
     if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return subprocess.Popen(argv, **popen), f"{how} (not root)"
+        return make(), f"{how} (not root)"
     libc = ctypes.CDLL(None, use_errno=True)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if libc.unshare(_CLONE_NEWPID) != 0:
-            return subprocess.Popen(argv, **popen), f"{how} (unshare: {os.strerror(ctypes.get_errno())})"
+            return make(), f"{how} (unshare: {os.strerror(ctypes.get_errno())})"
         try:
-            proc = subprocess.Popen(argv, **popen)
+            proc = make()
         finally:
             # later children of this process stay in its own namespace
             if libc.setns(own, _CLONE_NEWPID) != 0:  # pragma: no cover - setns to one's own namespace
