@@ -255,3 +255,34 @@ def test_baselines_record_the_switch():
                                       do_compile=False, max_spread=0.05, attempts=2, perturb_inputs=True)
     assert eager.method == "scripted+graph" and comp is None
     assert info["timing_mode"].startswith("scripted+graph (unsteady: spread 20.0%")
+
+
+def test_a_forked_process_opens_the_quiet_locks_anew(tmp_path, monkeypatch):
+    # a candidate process forked from its worker must not take the worker's descriptor
+    # numbers for the locks: it closes them, and their numbers go to the next files it opens
+    import os
+
+    from cuda_agent.sandbox.isolation import hostlock
+    from cuda_agent.sandbox.isolation.forked_child import ForkedChild
+
+    lock = tmp_path / "host.lock"
+    monkeypatch.setenv(hostlock.ENV, str(lock))
+    for name in ("_fds", "_opened_for", "_device_fd"):
+        monkeypatch.setattr(hostlock, name, None)
+    assert hostlock.open_from_env()
+    parents = hostlock._fds
+    out = tmp_path / "child.txt"
+
+    def child() -> int:
+        before = hostlock._fds
+        hostlock.open_from_env()
+        same = os.path.samestat(os.fstat(hostlock._fds[1]), os.stat(lock))
+        out.write_text(f"{before} {same}")
+        return 0
+
+    with open(tmp_path / "child.log", "wb") as log:
+        proc = ForkedChild.start(child, output_fd=log.fileno())
+    assert proc.wait(30) == 0, (tmp_path / "child.log").read_text()
+    assert out.read_text() == "None True"
+    for fd in parents:
+        os.close(fd)

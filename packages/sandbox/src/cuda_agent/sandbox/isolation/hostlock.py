@@ -47,6 +47,17 @@ _device_fd: int | None = None
 _local = threading.local()
 
 
+def _forget_after_fork() -> None:
+    """In a forked child (a worker forked from its fork server, a candidate process forked
+    from its worker): the parent's descriptors are not this process's (the child closes them,
+    and their numbers are reused), so the locks are opened again, as a started process would."""
+    global _fds, _opened_for, _device_fd
+    _fds, _opened_for, _device_fd = None, None, None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _open(path: str) -> int:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
