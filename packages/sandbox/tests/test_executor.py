@@ -369,3 +369,16 @@ def test_a_fork_server_that_cannot_fork_safely_leaves_the_pool_starting_workers_
         why = e.stats()["fork_server"]
     assert r["value"] == 1 and r["parent"] == os.getpid()
     assert "the preloaded modules started threads (busy)" in why
+
+
+def test_a_pool_started_from_a_thread_that_ended_keeps_its_fork_server():
+    e = cpu(workers=1)
+    starter = threading.Thread(target=e.start)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(1.0)  # a server that ended with its starting thread would take its workers along
+        assert [e.run(Job(S + "echo", {"value": i}))["value"] for i in range(3)] == [0, 1, 2]
+        assert e.stats()["fork_server"] == "on"
+    finally:
+        e.close()

@@ -106,12 +106,10 @@ def serve(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
     sock = socket.socket(fileno=int(cfg["fd"]))
+    # ends with the pool's process by watching its parent id below, not by PR_SET_PDEATHSIG:
+    # that signal comes when the *thread* that started this process ends, and a pool is often
+    # started from a short-lived thread (the first job submitted from a client thread)
     parent = int(cfg.get("parent") or 0)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the pool
     if parent and os.getppid() != parent:
         return 1
     for extra in cfg.get("sys_path") or []:
