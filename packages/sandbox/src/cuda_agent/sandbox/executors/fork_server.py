@@ -40,7 +40,6 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
 
 MAX_MESSAGE = 1 << 20
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 
 def _close_all_but(keep: set[int]) -> None:
