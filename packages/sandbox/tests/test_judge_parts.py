@@ -215,6 +215,12 @@ def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported
     own = 720 * timer.overhead["cpu"] + timer.overhead["cpu_fixed"]
     why, info = timing.cpu_check([0.055] * 720, own + 720 * 0.44, own, 1, 1)
     assert why and info["unaccounted_ms"] > 250
+    # on a host busy enough that every call waited 2.4 times its work for a core, the honest
+    # kernel's wall samples are 1.056 ms: the caught loop is charged its share of the wall time
+    cpu = own + 720 * 0.44
+    why, info = timing.cpu_check([0.055] * 720, cpu, own, 1, 1, wall_ms=3.4 * cpu)
+    assert "share of the loop's wall time" in why
+    assert 720 * 0.055 + info["unaccounted_ms"] == pytest.approx(720 * 0.44 * 3.4, rel=1e-3)
     # an honest loop whose own work really rose is charged the rise past the bound, never refused
     timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0}
     timer.measure_overhead(Profiler(), keep=max, rise_per_call=timing.OWN_RISE * 0.44)

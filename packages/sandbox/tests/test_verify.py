@@ -240,6 +240,42 @@ def test_compare_outputs_rules():
     assert not compare_outputs([torch.ones(2)], [torch.ones(2), torch.ones(2)], 1e-2, 1e-2).ok
 
 
+def test_finite_statistics_are_taken_in_chunks_without_an_index_tensor(monkeypatch):
+    """The tolerance.vacuous rule's statistics of a reference (and the constant-output check)
+    equal the masked-index way of taking them, across chunk boundaries, NaN and Inf included;
+    and they make no temporary of the tensor's size (a 6.4 GB output asked for 24 GiB)."""
+    from cuda_agent.sandbox.judge import comparison
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(7, 301, generator=g) * 1e-4
+    t[0, 5], t[3, 7], t[6, 300] = float("nan"), float("inf"), -float("inf")
+    monkeypatch.setattr(comparison, "CHUNK", 64)  # 33 chunks
+    st = comparison.finite_stats(t, 1e-4)
+    fin = t[torch.isfinite(t)]
+    assert st.count == fin.numel() == t.numel() - 3
+    assert (st.low, st.high) == (float(fin.min()), float(fin.max()))
+    assert st.largest == float(fin.abs().max())
+    assert st.above == int((fin.abs() > 1e-4).sum())
+    scale = comparison.reference_scale(t, 1.0)
+    assert scale == float(fin.abs().max())
+    # a constant output where the reference is not is still refused, a scaled copy passes
+    const = torch.where(torch.isfinite(t), torch.zeros_like(t), t)
+    assert "constant" in compare_outputs(t, const, 1.0, 0.0).message
+    assert compare_outputs(t, t * (1 + 1e-7), 1.0, 0.0).ok
+
+    seen = []
+    real_where = torch.where
+
+    def where(*a, **k):
+        out = real_where(*a, **k)
+        seen.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "where", where)
+    comparison.finite_stats(t)
+    assert seen and max(seen) <= 64
+
+
 def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_references_weights(linear_ws):
     # verification gives ModelNew the weights of a Model built after its own seed; profiling
     # compares timed outputs with a Model built after the baseline seed, so the candidate is

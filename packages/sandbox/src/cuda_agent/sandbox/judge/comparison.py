@@ -9,6 +9,7 @@ reference's own scale, and a constant output is refused where the reference is n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
     n = r.numel()
     max_abs = 0.0
     max_rel = 0.0
-    chunk = 1 << 26
+    chunk = CHUNK
     first_bad = None
     first_kind = ""
     for start in range(0, n, chunk):
@@ -107,6 +108,49 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
     return Comparison(False, msg, where, max_abs, max_rel)
 
 
+CHUNK = 1 << 26  # elements per step of a comparison: its temporaries stay a few hundred MB
+
+
+@dataclass
+class FiniteStats:
+    """A tensor's finite elements, summed up chunk by chunk (no temporaries of its size)."""
+
+    count: int = 0  # finite elements
+    low: float = 0.0  # smallest finite value
+    high: float = 0.0  # largest finite value
+    largest: float = 0.0  # largest finite magnitude
+    above: int = 0  # finite elements of magnitude above the threshold asked for
+
+
+def finite_stats(t: Any, threshold: float = 0.0) -> FiniteStats:
+    """:class:`FiniteStats` of tensor ``t`` (``above`` counts magnitudes above ``threshold``).
+    Masked indexing (``t[torch.isfinite(t)]``) would make an index tensor of 8 bytes per
+    element and dimension: 24 GiB for a 6.4 GB output."""
+    import torch
+
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    flat = t.reshape(-1)
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    st = FiniteStats(low=math.inf, high=-math.inf)
+    inf = torch.tensor(math.inf, dtype=work, device=flat.device)
+    for start in range(0, flat.numel(), CHUNK):
+        c = flat[start : start + CHUNK].to(work)
+        fin = torch.isfinite(c)
+        n = int(fin.sum())
+        if not n:
+            continue
+        mag = torch.where(fin, c.abs(), torch.zeros((), dtype=work, device=c.device))
+        st.count += n
+        st.low = min(st.low, float(torch.where(fin, c, inf).min()))
+        st.high = max(st.high, float(torch.where(fin, c, -inf).max()))
+        st.largest = max(st.largest, float(mag.max()))
+        st.above += int((mag > threshold).sum())
+    if not st.count:
+        st.low = st.high = 0.0
+    return st
+
+
 def reference_scale(ref: Any, atol: float) -> float | None:
     """The largest magnitude of a reference the tolerance cannot tell from zero (see
     :func:`compare_tensors`), or None when the tolerance can."""
@@ -114,12 +158,11 @@ def reference_scale(ref: Any, atol: float) -> float | None:
 
     if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or atol <= 0:
         return None
-    finite = ref[torch.isfinite(ref)]
-    if finite.numel() == 0:
+    st = finite_stats(ref, atol)
+    if st.count == 0:
         return None
-    mag = finite.abs()
-    scale = float(mag.max())
-    if scale <= 0 or (scale > atol and float((mag > atol).float().mean()) > VACUOUS_SHARE):
+    scale = st.largest
+    if scale <= 0 or (scale > atol and st.above / st.count > VACUOUS_SHARE):
         return None
     return scale
 
@@ -127,16 +170,13 @@ def reference_scale(ref: Any, atol: float) -> float | None:
 def _vacuous(out: Any, ref: Any, atol: float, rtol: float, path: str, check_dtype: bool) -> Comparison | None:
     """A failed Comparison when ``out`` passed only because the tolerance is too coarse for
     ``ref``'s scale (see :func:`compare_tensors`), else None."""
-    import torch
-
     scale = reference_scale(ref, atol)
     if scale is None:
         return None
-    finite = ref[torch.isfinite(ref)]
-    fin_out = out[torch.isfinite(out)]
-    if fin_out.numel() and float(fin_out.max()) == float(fin_out.min()) and float(finite.max()) != float(finite.min()):
-        return Comparison(False, f"{path}: the output is constant ({float(fin_out.max()):.3g}) where the reference is not "
-                                 f"(it spans {float(finite.min()):.3g} .. {float(finite.max()):.3g}, all within "
+    finite, fin_out = finite_stats(ref), finite_stats(out)
+    if fin_out.count and fin_out.high == fin_out.low and finite.high != finite.low:
+        return Comparison(False, f"{path}: the output is constant ({fin_out.high:.3g}) where the reference is not "
+                                 f"(it spans {finite.low:.3g} .. {finite.high:.3g}, all within "
                                  f"atol={atol} of zero) (rule {RULE_VACUOUS}: an output must be computed, not "
                                  f"guessed at a scale the tolerance cannot see)", path)
     at_scale = compare_tensors(ref, out, atol * scale, rtol, path, check_dtype, scaled=False)

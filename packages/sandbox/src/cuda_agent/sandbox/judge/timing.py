@@ -189,13 +189,19 @@ def wall_check(samples: list[float], wall_ms: float, per_call_ms: float, fixed_m
     return "", info
 
 
-def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: int, processes: int) -> tuple[str, dict]:
+def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: int, processes: int,
+              wall_ms: float = 0.0) -> tuple[str, dict]:
     """"" when the CPU time the job's processes spent in a loop (``cpu_ms``, from the kernel's
     accounting) is covered by the reported calls, else why not. On the CPU backend a call's
     wall time is at least its CPU time per thread, however busy the host is, so the reported
     samples bound the work: a process that spent its CPU time on calls it reported as shorter
     is caught without trusting any clock of its own, and timed by that CPU time over its
-    threads (``info["unaccounted_ms"]`` is charged). ``own_cpu_ms``: the loop's own work."""
+    threads (``info["unaccounted_ms"]`` is charged). ``own_cpu_ms``: the loop's own work.
+
+    On a busy host an honest call's wall time (what its samples hold) is its CPU time times
+    how long it waited for a core; a caught process is charged the same wait: its calls'
+    share of the loop's wall time (``wall_ms``), where that is more than their CPU time, so
+    that it is never timed faster than an honest kernel timed beside it."""
     total = sum(samples)
     calls_cpu = cpu_ms - own_cpu_ms
     threads = max(1, threads)
@@ -205,10 +211,14 @@ def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: i
     if calls_cpu > budget:
         # a process whose reports were caught short is timed by its whole CPU time (how many
         # threads its calls really used is its own report too, so it gets no credit for them)
-        charge = max(0.0, calls_cpu - total)
+        # or by its calls' share of the wall time, the longer
+        calls_wall = wall_ms * calls_cpu / cpu_ms if wall_ms > 0 and cpu_ms > 0 else 0.0
+        charge = max(0.0, max(calls_cpu, calls_wall) - total)
         info["unaccounted_ms"] = round(charge, 3)
+        info["calls_wall_share_ms"] = round(calls_wall, 3)
+        clock = "that CPU time" if calls_cpu >= calls_wall else f"their share of the loop's wall time, {calls_wall:.1f} ms"
         return (f"the job's processes spent {calls_cpu:.1f} ms of CPU time on {len(samples)} timed calls that "
-                f"reported {total:.1f} ms with up to {threads} thread(s): timed by that CPU time "
+                f"reported {total:.1f} ms with up to {threads} thread(s): timed by {clock} "
                 f"(+{charge / max(1, len(samples)):.4g} ms a call) (rule {RULE_WALL}: a call's time must be "
                 f"measured; on the CPU backend calls run with at most cpu_threads threads)"), info
     return "", info
@@ -485,7 +495,7 @@ class CandidateTimer:
         if self._on_cpu and not why:
             threads = int(self.threads or 1)
             own = n * self.overhead.get("cpu", 0.0) + self.overhead.get("cpu_fixed", 0.0)
-            why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]))
+            why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]), wall)
             out.update(cpu_info)
         return why, out
 
