@@ -204,6 +204,9 @@ def test_local_executor_on_fake_gpu_ids_sets_visible_devices():
         results = [f.result(timeout=60) for f in futs]
         seen = {(r["worker"], r["visible"], r["device"]) for r in results}
         assert seen == {("3", "3", "cuda:0"), ("5", "5", "cuda:0")}
+        # one fork server for both devices: each forked worker sets its own device's variables
+        assert len([s for s in e.pool._fork_servers.values() if s is not None]) == 1
+        assert e.stats()["fork_server"] == "on"
         err = run_err(e, "fake_cuda_error")
         assert err.reason == "cuda_error"
         assert e.run(Job(S + "echo"))["device"] == "cuda:0"

@@ -71,6 +71,7 @@ def _child(sock: socket.socket, sel: selectors.BaseSelector, wake: tuple[int, in
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
+        os.environ.update(cfg.pop("env", None) or {})  # the worker's device (see WorkerPool.device_env)
         cfg = dict(cfg, fd=conn_fd)
         if cfg.get("parent"):
             cfg["parent"] = os.getppid()  # the worker ends when this server does

@@ -87,15 +87,14 @@ class WorkerPool:
         self.log_dir = tempfile.mkdtemp(prefix=f"cuda-agent-{name}-")
         self.lock_dir = lock_dir or None  # machine-wide per-device job locks (None: off)
         self.queue = JobQueue(name, keep_records)
-        # one fork server per distinct worker environment (see .fork_server); None: failed
+        # the fork server (see .fork_server), by its environment; None: failed
         self.use_fork_server = bool(fork_server) and os.environ.get(FORK_SERVER_ENV, "").strip().lower() not in (
             "0", "false", "no", "off")
         self.fork_server_error = ""
         self._fork_servers: dict[str, ForkServer | None] = {}
         self._fork_lock = threading.Lock()
         if self.use_fork_server:
-            for spec in self.devices:
-                self.fork_server(self.worker_env(spec))
+            self.fork_server()
         self._slots = [DeviceSlot(self, spec) for spec in self.devices]
         if warm:
             for slot in self._slots:
@@ -105,18 +104,30 @@ class WorkerPool:
 
     def worker_env(self, spec: DeviceSpec) -> dict[str, str]:
         """The environment a worker of device ``spec`` runs in."""
+        env = self.server_env()
+        env.update(self.device_env(spec))
+        return env
+
+    def server_env(self) -> dict[str, str]:
+        """The environment every worker shares, whatever its device: the fork server's."""
         env = dict(os.environ)
         env.update(self.env)
-        env.update(spec.env)
-        env["CUDA_AGENT_WORKER_DEVICE"] = spec.label
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def fork_server(self, env: dict[str, str]) -> ForkServer | None:
-        """The fork server for workers that run in ``env`` (started on first use); None when
-        the pool starts its workers directly."""
+    @staticmethod
+    def device_env(spec: DeviceSpec) -> dict[str, str]:
+        """What a worker of device ``spec`` adds to :meth:`server_env` (its visible devices, its
+        label): set by a forked worker itself, before anything of it reads them (no module
+        the server imports reads them, and the server makes no CUDA context)."""
+        return {**spec.env, "CUDA_AGENT_WORKER_DEVICE": spec.label}
+
+    def fork_server(self) -> ForkServer | None:
+        """The fork server (started on first use); None when the pool starts its workers
+        directly. One serves every device: its workers set their own device's variables."""
         if not self.use_fork_server:
             return None
+        env = self.server_env()
         key = json.dumps(env, sort_keys=True)
         with self._fork_lock:
             if key not in self._fork_servers and not self.closed:
@@ -126,9 +137,9 @@ class WorkerPool:
                     log_path=os.path.join(self.log_dir, f"fork-server-{len(self._fork_servers)}.log"))
             return self._fork_servers.get(key)
 
-    def fork_server_failed(self, env: dict[str, str], why: str) -> None:
-        """Start workers for ``env`` directly from now on, and say why once."""
-        key = json.dumps(env, sort_keys=True)
+    def fork_server_failed(self, why: str) -> None:
+        """Start workers directly from now on, and say why once."""
+        key = json.dumps(self.server_env(), sort_keys=True)
         with self._fork_lock:
             server = self._fork_servers.get(key)
             self._fork_servers[key] = None

@@ -68,12 +68,13 @@ class WorkerProcess:
         self.log = open(self.log_path, "ab")
         self.proc: Any = None
         try:
-            server = pool.fork_server(env)
+            server = pool.fork_server()
             if server is not None:
                 try:
-                    self.proc = server.fork(cfg, self.log.fileno(), child_fd, pool.start_timeout)
+                    self.proc = server.fork({**cfg, "env": pool.device_env(spec)}, self.log.fileno(), child_fd,
+                                            pool.start_timeout)
                 except ForkServerError as exc:
-                    pool.fork_server_failed(env, str(exc))
+                    pool.fork_server_failed(str(exc))
             if self.proc is None:
                 self.proc = subprocess.Popen(
                     [pool.python, "-m", "cuda_agent.sandbox.executors.worker", json.dumps(cfg)],
