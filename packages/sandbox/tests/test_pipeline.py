@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from pathlib import Path
 
 from cuda_agent.core.types import ProfileResult, Timing
@@ -120,31 +118,6 @@ def test_baselines_are_measured_only_for_a_candidate_that_verified(tmp_path: Pat
     v, p = jobs.evaluate_workspace(str(root), "cpu", vopts,
                                    jobs.ProfileOptions(**_profile_options(old, defer_baselines=False)))
     assert not v.ok and len(BaselineCache(old)) == 1
-
-
-def test_the_timing_after_baselines_measured_in_the_job_runs_in_the_workers_reserve(tmp_path: Path):
-    """A job that ends its candidate process to measure baselines with none alive times the
-    candidate in the reserve its worker forked at the start (not a process started anew, which
-    on a GPU would pay the imports and a CUDA context again); it runs as the job's user."""
-    from cuda_agent.sandbox.executors import CpuExecutor
-    from cuda_agent.sandbox.executors.job import Job
-
-    ws = make_workspace(tmp_path)
-    root, cache = Path(ws.root), tmp_path / "cache"
-    ex = CpuExecutor()
-    try:
-        v, p = ex.run(Job("cuda_agent.sandbox.judge.tasks:evaluate",
-                          {"workspace": str(root), "device": "cpu", "verify_options": {"seed": 5},
-                           "profile_options": _profile_options(cache)}))
-    finally:
-        ex.close()
-    assert v.ok and p is not None and p.ok, (v.message, p and p.message)
-    assert "after verification" in v.metadata["baselines_measured"]
-    assert v.metadata["candidate_process"].startswith("warm")
-    assert p.metadata["candidate_process"].startswith("the worker's reserve"), p.metadata["candidate_process"]
-    assert p.metadata["job_started"] == "forked from the job's worker"
-    if os.geteuid() == 0:  # its own user, not the first process's (that one was swept)
-        assert p.metadata["uid"] != v.metadata["uid"] and p.metadata["uid"] != 0
 
 
 def test_a_hopeless_first_call_ends_verification_after_one_input_set(tmp_path: Path):

@@ -306,7 +306,6 @@ def _devnull() -> Any:
 # --- one per worker, started ahead of its first job ---------------------------------------------
 
 _prestarted: CandidateProcess | None = None
-_reserve: CandidateProcess | None = None
 _spent = False
 
 
@@ -316,18 +315,10 @@ def prestart(device: str = "cpu") -> None:
     namespaces, all while the worker waits as a spare). On a GPU the worker waits for the
     process to be ready (it makes its CUDA context under the device's quiet lock, so no
     context is made while a timing runs there; its imports take no lock); the drop ahead of
-    the job then runs alongside the worker.
-
-    A second one, the *reserve*, is forked beside it and left as it starts (no user, no
-    job): a job that ends its first candidate process to measure baselines with none alive
-    (:func:`~.jobs.evaluate_workspace`) takes it for the timing (:func:`claim_reserve`).
-    By then the worker has a CUDA context and could only start a process anew, paying
-    the imports and the context again."""
-    global _prestarted, _reserve
+    the job then runs alongside the worker."""
+    global _prestarted
     if _prestarted is None:
         _prestarted = CandidateProcess(device)
-        if _reserve is None:  # forked now: the warm-up below runs in a thread, after which no fork is safe
-            _reserve = CandidateProcess(device)
         if str(device).startswith("cuda"):
             _prestarted.wait_ready()
         _prestarted.warm(background=True)
@@ -350,36 +341,15 @@ def claim(device: str, drop: bool = True) -> CandidateProcess | None:
     return None
 
 
-def claim_reserve(device: str) -> CandidateProcess | None:
-    """This worker's reserve candidate process (see :func:`prestart`) for a second process
-    of the job on ``device``: no candidate code has run in it and it has no user yet (it
-    takes the job's at :meth:`CandidateProcess.drop`, as one started for the job would);
-    None when there is none, or none that fits (which is ended)."""
-    global _reserve
-    p, _reserve = _reserve, None
-    if p is None:
-        return None
-    if p.device == str(device) and not p.closed and p.alive() and not p.used:
-        return p
-    p.close()
-    return None
-
-
 def after_job() -> str | None:
-    """The reason this worker must not serve another job (its candidate process is spent);
-    its reserve, if the job left it, is ended now rather than with the worker."""
-    global _reserve
+    """The reason this worker must not serve another job (its candidate process is spent)."""
     if _spent:
-        if _reserve is not None:
-            _reserve.close()
-            _reserve = None
         return "the job's candidate process has ended; a fresh worker (and candidate process) serves the next job"
     return None
 
 
 def shutdown() -> None:
-    global _prestarted, _reserve
-    for p in (_prestarted, _reserve):
-        if p is not None:
-            p.close()
-    _prestarted = _reserve = None
+    global _prestarted
+    if _prestarted is not None:
+        _prestarted.close()
+        _prestarted = None

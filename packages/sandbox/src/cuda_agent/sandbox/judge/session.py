@@ -23,7 +23,7 @@ from typing import Any
 from cuda_agent.core.types import FailureCategory
 
 from . import snapshot, tensors
-from .client import CandidateProcess, CandidateProcessError, claim, claim_reserve
+from .client import CandidateProcess, CandidateProcessError, claim
 
 
 @dataclass
@@ -55,7 +55,6 @@ class JudgeSession:
         # this worker's candidate process, warmed ahead for the next job: the snapshot goes
         # into its inbox, the one folder of the host its view shows (see client)
         self.proc: CandidateProcess | None = claim(self.device, drop)
-        self.ended_one = False  # a candidate process of this job was ended (the next may be the reserve)
         self.inbox = self.proc.inbox if self.proc is not None else None
         inbox = str(self.inbox) if self.inbox is not None else None
         try:
@@ -116,13 +115,8 @@ class JudgeSession:
     def _take_process(self) -> None:
         """The warm candidate process claimed for this job, else one started now (the
         metadata's ``candidate_process`` says which, and why)."""
-        reserve = claim_reserve(self.device) if self.proc is None and self.ended_one else None
         if self.proc is not None and self.proc.wait_warm():
             self.meta["candidate_process"] = "warm (the job's user and namespaces made ahead of the job)"
-        elif reserve is not None:
-            self.meta["candidate_process"] = ("the worker's reserve (started before the worker's CUDA context; "
-                                              "the job's user made now)")
-            self.proc = reserve
         else:
             why = "none was waiting" if self.proc is None else (self.proc.warm_error or "it had ended")
             if self.proc is not None:
@@ -297,7 +291,6 @@ class JudgeSession:
             info = self.proc.close()
             self.meta.update({f"job_{k}": v for k, v in info.items()})
             self.proc = None
-            self.ended_one = True
         self.started = False
         self.loaded, self.loaded_seed, self.load_reply = False, None, {}
         return info
