@@ -385,3 +385,24 @@ def test_a_pool_started_from_a_thread_that_ended_keeps_its_fork_server():
         assert e.stats()["fork_server"] == "on"
     finally:
         e.close()
+
+
+def test_pools_made_one_after_another_share_one_fork_server_which_ends_after_its_linger(monkeypatch):
+    from cuda_agent.sandbox.executors import fork_server
+
+    monkeypatch.setenv(fork_server.LINGER_ENV, "60")
+    with cpu(workers=1, preload=["json"]) as e:
+        first = e.run(Job(S + "echo"))
+        [server] = [s for s in e.pool._fork_servers.values() if s is not None]
+    assert server.alive()  # no pool uses it now: it waits for the next one
+    with cpu(workers=1, preload=["json"]) as e:
+        second = e.run(Job(S + "echo"))
+    assert first["parent"] == second["parent"] == server.proc.pid and first["pid"] != second["pid"]
+    with cpu(workers=1, preload=["json", "csv"]) as e:  # other preload modules: a server of their own
+        other = e.run(Job(S + "echo"))
+    assert other["parent"] != server.proc.pid
+    monkeypatch.setenv(fork_server.LINGER_ENV, "0")
+    with cpu(workers=1, preload=["json"]) as e:
+        assert e.run(Job(S + "echo"))["parent"] == server.proc.pid
+    # its last pool closed with no linger: the server has ended
+    assert server.proc.wait(timeout=10) is not None and not server.alive()

@@ -24,10 +24,18 @@ attached with ``SCM_RIGHTS``):
 
 The server ends when its socket closes or the pool's process is gone; its workers see
 their parent change and end with it (:func:`cuda_agent.sandbox.executors.worker._watch_parent`).
+
+Servers are shared within a process (:func:`acquire`, :func:`release`): pools of one process
+with the same interpreter, environment, preload modules and import path take the same
+server, and a server no pool uses waits ``$CUDA_AGENT_FORK_SERVER_LINGER`` seconds (default
+120; 0: it ends with its last pool) for the next one, so a process that makes pools one after
+another (an episode's, a test's) pays the imports once. Sharing hands a pool nothing of
+another's: the server holds only imported modules, and every worker is a fresh fork.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -38,8 +46,10 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import traceback
+import weakref
 
 MAX_MESSAGE = 1 << 20
 
@@ -71,7 +81,10 @@ def _child(sock: socket.socket, sel: selectors.BaseSelector, wake: tuple[int, in
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        os.environ.update(cfg.pop("env", None) or {})  # the worker's device (see WorkerPool.device_env)
+        env = cfg.pop("env", None)
+        if env is not None:  # the worker's own environment, its device's variables included
+            os.environ.clear()
+            os.environ.update(env)
         cfg = dict(cfg, fd=conn_fd)
         if cfg.get("parent"):
             cfg["parent"] = os.getppid()  # the worker ends when this server does
@@ -120,6 +133,12 @@ def serve(argv: list[str] | None = None) -> int:
             importlib.import_module(mod)
         except Exception as exc:  # the worker imports it again and reports the failure itself
             print(f"fork server: preloading {mod} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    for fn_path in cfg.get("init") or []:  # e.g. the plugin registry, loaded once for every worker
+        try:
+            mod_name, _, fn_name = fn_path.partition(":")
+            getattr(importlib.import_module(mod_name), fn_name)()
+        except Exception as exc:  # the worker runs its own init steps and reports their failures
+            print(f"fork server: init {fn_path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     if threading.active_count() != 1:  # a fork would copy the memory but not the threads
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
         _send(sock, {"op": "error", "message": f"the preloaded modules started threads ({names})"})
@@ -221,10 +240,12 @@ def _exists(pid: int) -> bool:
 class ForkServer:
     """The pool's handle on one fork server process (see the module docstring)."""
 
-    def __init__(self, *, python: str, env: dict[str, str], preload: list[str], sys_path: list[str], log_path: str):
+    def __init__(self, *, python: str, env: dict[str, str], preload: list[str], sys_path: list[str], log_path: str,
+                 init: list[str] | tuple[str, ...] = ()):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        cfg = {"fd": theirs.fileno(), "parent": os.getpid(), "preload": list(preload), "sys_path": list(sys_path)}
+        cfg = {"fd": theirs.fileno(), "parent": os.getpid(), "preload": list(preload), "sys_path": list(sys_path),
+               "init": list(init)}
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self._cond = threading.Condition()
@@ -233,6 +254,7 @@ class ForkServer:
         self._ready: dict | None = None
         self._closed = False
         self._next = 0
+        self.shared_key: str | None = None  # see acquire()
         try:
             self.proc = subprocess.Popen(
                 [python, "-m", "cuda_agent.sandbox.executors.fork_server", json.dumps(cfg)],
@@ -314,6 +336,143 @@ class ForkServer:
             self.sock.close()
         with contextlib.suppress(OSError):
             self._log.close()
+
+
+# --- servers shared by the pools of one process --------------------------------------------
+
+LINGER_ENV = "CUDA_AGENT_FORK_SERVER_LINGER"
+DEFAULT_LINGER_S = 120.0
+KEY_IGNORES = frozenset({LINGER_ENV, "PYTEST_CURRENT_TEST"})
+MAX_IDLE = 2  # servers that no pool uses, kept waiting at most (the oldest goes first)
+
+_shared_lock = threading.Lock()
+_shared: dict[str, ForkServer] = {}
+_users: dict[int, int] = {}  # id(server) -> pools using it
+_idle_since: dict[int, float] = {}
+_timers: dict[int, threading.Timer] = {}
+_log_dir: str | None = None
+
+
+def linger_seconds() -> float:
+    raw = os.environ.get(LINGER_ENV, "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_LINGER_S
+    except ValueError:
+        return DEFAULT_LINGER_S
+
+
+def _shared_log_dir() -> str:
+    global _log_dir
+    if _log_dir is None or not os.path.isdir(_log_dir):
+        _log_dir = tempfile.mkdtemp(prefix=f"cuda-agent-fork-servers-{os.getpid()}-")
+    return _log_dir
+
+
+def acquire(*, python: str, env: dict[str, str], preload: list[str], sys_path: list[str],
+            init: list[str] | tuple[str, ...] = ()) -> ForkServer:
+    """This process's fork server for these settings, started when none is alive. ``init``:
+    functions (``"module:function"``) the server runs once after its imports; they may start
+    no thread and make no CUDA context (a server whose init started a thread refuses to fork)."""
+    # variables no import reads, which change under a running process; a forked worker gets its
+    # pool's whole environment anyway (see _child)
+    keyed_env = {k: v for k, v in env.items() if k not in KEY_IGNORES}
+    key = json.dumps([python, keyed_env, list(preload), list(sys_path), list(init)], sort_keys=True)
+    with _shared_lock:
+        server = _shared.get(key)
+        if server is not None and not server.alive():
+            _forget(key, server)
+            stale, server = server, None
+        else:
+            stale = None
+        if server is None:
+            server = ForkServer(python=python, env=env, preload=preload, sys_path=sys_path, init=init,
+                                log_path=os.path.join(_shared_log_dir(), f"fork-server-{len(os.listdir(_shared_log_dir()))}.log"))
+            server.shared_key = key
+            _shared[key] = server
+        sid = id(server)
+        _users[sid] = _users.get(sid, 0) + 1
+        _idle_since.pop(sid, None)
+        timer = _timers.pop(sid, None)
+    if timer is not None:
+        timer.cancel()
+    if stale is not None:
+        stale.close()
+    return server
+
+
+def release(server: ForkServer) -> None:
+    """A pool is done with ``server``: it ends now, or after the linger if no pool takes it."""
+    linger = linger_seconds()
+    ended: list[ForkServer] = []
+    with _shared_lock:
+        sid = id(server)
+        left = _users.get(sid, 0) - 1
+        if left > 0:
+            _users[sid] = left
+            return
+        _users.pop(sid, None)
+        key = getattr(server, "shared_key", None)
+        if linger <= 0 or not server.alive() or _shared.get(key) is not server:
+            _forget(key, server)
+            ended.append(server)
+        else:
+            _idle_since[sid] = time.monotonic()
+            timer = threading.Timer(linger, _expire, args=(weakref.ref(server),))
+            timer.daemon = True
+            _timers[sid] = timer
+            timer.start()
+            idle = sorted((s for s in _shared.values() if id(s) in _idle_since), key=lambda s: _idle_since[id(s)])
+            for old in idle[: max(0, len(idle) - MAX_IDLE)]:
+                _forget(old.shared_key, old)
+                ended.append(old)
+    for s in ended:
+        s.close()
+
+
+def discard(server: ForkServer) -> None:
+    """``server`` failed: no pool gets it again; it ends now."""
+    with _shared_lock:
+        _forget(getattr(server, "shared_key", None), server)
+    server.close()
+
+
+def _forget(key: str | None, server: ForkServer) -> None:
+    if key is not None and _shared.get(key) is server:
+        del _shared[key]
+    sid = id(server)
+    _idle_since.pop(sid, None)
+    timer = _timers.pop(sid, None)
+    if timer is not None:
+        timer.cancel()
+
+
+def _expire(ref: weakref.ref) -> None:
+    server = ref()
+    if server is None:
+        return
+    with _shared_lock:
+        if _users.get(id(server), 0) > 0:
+            return
+        _forget(getattr(server, "shared_key", None), server)
+    server.close()
+
+
+def close_all() -> None:
+    """End every shared server (at this process's exit)."""
+    with _shared_lock:
+        servers = list(_shared.values())
+        for s in servers:
+            _forget(s.shared_key, s)
+        _users.clear()
+    for s in servers:
+        s.close()
+    if _log_dir:
+        import shutil
+
+        shutil.rmtree(_log_dir, ignore_errors=True)
+
+
+atexit.register(close_all)
 
 
 if __name__ == "__main__":

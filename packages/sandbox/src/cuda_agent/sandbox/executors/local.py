@@ -93,6 +93,8 @@ class _PoolExecutor(Executor):
             init=init,
             env=env,
             fork_server=o.fork_server,
+            # the plugin registry (most of a second) loaded once in the fork server, not in every worker
+            server_init=["cuda_agent.sandbox.executors.health:warm_plugins"] if o.warm_plugins else [],
         )
 
     @property
@@ -245,7 +247,8 @@ class CpuExecutorOptions:
     timeout: float = 180.0
     recycle: str = "always"
     spares: int = 1  # warm workers waiting per CPU slot
-    preload: list[str] = field(default_factory=lambda: ["torch", "cuda_agent.sandbox.judge.jobs"])
+    # torch._dynamo: every candidate process imports it (see LocalExecutorOptions); forked, it has it already
+    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.judge.jobs"])
     warm_plugins: bool = True
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from concurrent.futures import Future
 
+from . import fork_server as fork_servers
 from .fork_server import ForkServer
 from .job import Job, JobError
 from .job_queue import JobQueue, JobRecord
@@ -63,6 +64,7 @@ class WorkerPool:
         keep_records: int = 10000,
         lock_dir: str | None = None,
         fork_server: bool = True,
+        server_init: list[str] | tuple[str, ...] = (),
     ):
         if not devices:
             raise JobError("invalid", f"{name}: no devices to run jobs on")
@@ -90,6 +92,7 @@ class WorkerPool:
         # the fork server (see .fork_server), by its environment; None: failed
         self.use_fork_server = bool(fork_server) and os.environ.get(FORK_SERVER_ENV, "").strip().lower() not in (
             "0", "false", "no", "off")
+        self.server_init = list(server_init)  # run once in the fork server (no thread, no CUDA)
         self.fork_server_error = ""
         self._fork_servers: dict[str, ForkServer | None] = {}
         self._fork_lock = threading.Lock()
@@ -131,10 +134,10 @@ class WorkerPool:
         key = json.dumps(env, sort_keys=True)
         with self._fork_lock:
             if key not in self._fork_servers and not self.closed:
-                self._fork_servers[key] = ForkServer(
+                # shared with this process's other pools of the same settings (see .fork_server)
+                self._fork_servers[key] = fork_servers.acquire(
                     python=self.python, env=env, preload=self.preload,
-                    sys_path=[p for p in sys.path if p and os.path.isdir(p)],
-                    log_path=os.path.join(self.log_dir, f"fork-server-{len(self._fork_servers)}.log"))
+                    sys_path=[p for p in sys.path if p and os.path.isdir(p)], init=self.server_init)
             return self._fork_servers.get(key)
 
     def fork_server_failed(self, why: str) -> None:
@@ -153,7 +156,8 @@ class WorkerPool:
             self.fork_server_error = why + (f" ({tail[-400:]})" if tail else "")
             print(f"{self.name}: workers start without the fork server: {self.fork_server_error}",
                   file=sys.stderr, flush=True)
-            server.close()
+            fork_servers.release(server)
+            fork_servers.discard(server)
 
     def device_lock_path(self, label: str, kind: str = "") -> str | None:
         """The machine-wide lock file of device ``label``: its job lock, or with ``kind``
@@ -228,7 +232,7 @@ class WorkerPool:
             servers, self._fork_servers = list(self._fork_servers.values()), {}
         for server in servers:
             if server is not None:
-                server.close()
+                fork_servers.release(server)  # it waits for this process's next pool a while
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> WorkerPool:

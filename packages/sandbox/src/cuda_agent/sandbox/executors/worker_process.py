@@ -71,7 +71,7 @@ class WorkerProcess:
             server = pool.fork_server()
             if server is not None:
                 try:
-                    self.proc = server.fork({**cfg, "env": pool.device_env(spec)}, self.log.fileno(), child_fd,
+                    self.proc = server.fork({**cfg, "env": env}, self.log.fileno(), child_fd,
                                             pool.start_timeout)
                 except ForkServerError as exc:
                     pool.fork_server_failed(str(exc))
