@@ -200,6 +200,7 @@ def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported
     timer.reference_at = lambda i, j: torch.ones(4)
     timer.pristine = lambda s: [torch.ones(4)]
     timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0, "plain": 0.5}
+    timer.own_floor = dict(timer.overhead)
     measured = {"cpu": 1.8, "cpu_fixed": 9.0, "plain": 0.4}  # the host grew busy
     monkeypatch.setattr(timing, "loop_overhead_ms", lambda *a, **k: dict(measured))
     monkeypatch.setattr(hostlock, "timing", contextlib.nullcontext)
@@ -225,3 +226,26 @@ def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported
     timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0}
     timer.measure_overhead(Profiler(), keep=max, rise_per_call=timing.OWN_RISE * 0.44)
     assert timer.overhead["cpu"] == pytest.approx(1.42)
+    # every measurement's smallest is kept beside the estimate: the plain estimate's 0.4 fell,
+    # the others rose
+    assert timer.own_floor == {"cpu": 1.2, "cpu_fixed": 4.0, "plain": 0.4}
+
+
+def test_a_caught_loop_is_charged_against_the_smallest_estimate_of_the_loops_own_work():
+    """Whether a CPU loop is caught is decided with the generous estimate of the loop's own
+    work; what it is charged, with the smallest: where that work is three times the kernel
+    (a ReLU's inputs and checksums), 8% too much of it hid a third of the calls' time and a
+    report divided by 8 was timed at 0.39x the honest kernel on a busy CI host."""
+    from cuda_agent.sandbox.judge import timing
+
+    n, kernel, own_real = 700, 0.40, 1.20
+    cpu = n * (kernel + own_real)  # what the job's processes really spent
+    generous, floor = n * own_real * 1.08, n * own_real
+    why, info = timing.cpu_check([kernel / 8] * n, cpu, generous, 1, 1)
+    assert why and (n * kernel / 8 + info["unaccounted_ms"]) / n == pytest.approx(kernel - 0.08 * own_real)
+    why, info = timing.cpu_check([kernel / 8] * n, cpu, generous, 1, 1, own_floor_ms=floor)
+    assert why and (n * kernel / 8 + info["unaccounted_ms"]) / n == pytest.approx(kernel)
+    assert info["overhead_cpu_floor_ms"] == pytest.approx(floor)
+    # the floor never decides whether a loop is caught: an honest report stays uncharged
+    why, info = timing.cpu_check([kernel] * n, cpu, generous, 1, 1, own_floor_ms=0.5 * floor)
+    assert not why and "unaccounted_ms" not in info

@@ -190,7 +190,7 @@ def wall_check(samples: list[float], wall_ms: float, per_call_ms: float, fixed_m
 
 
 def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: int, processes: int,
-              wall_ms: float = 0.0) -> tuple[str, dict]:
+              wall_ms: float = 0.0, own_floor_ms: float | None = None) -> tuple[str, dict]:
     """"" when the CPU time the job's processes spent in a loop (``cpu_ms``, from the kernel's
     accounting) is covered by the reported calls, else why not. On the CPU backend a call's
     wall time is at least its CPU time per thread, however busy the host is, so the reported
@@ -201,7 +201,15 @@ def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: i
     On a busy host an honest call's wall time (what its samples hold) is its CPU time times
     how long it waited for a core; a caught process is charged the same wait: its calls'
     share of the loop's wall time (``wall_ms``), where that is more than their CPU time, so
-    that it is never timed faster than an honest kernel timed beside it."""
+    that it is never timed faster than an honest kernel timed beside it.
+
+    ``own_floor_ms``: the smallest estimate of the loop's own work (default ``own_cpu_ms``),
+    what a caught process is charged against. Whether a loop is caught is decided with the
+    generous estimate (a busy host makes that work cost more CPU time, and an honest kernel
+    must not be caught for it); the charge uses the smallest, because a loop whose own work
+    is several times the kernel (a small element-wise kernel's checksums and inputs) would
+    otherwise lose a third of its calls' time in the estimate's noise and be timed faster
+    than the honest kernel."""
     total = sum(samples)
     calls_cpu = cpu_ms - own_cpu_ms
     threads = max(1, threads)
@@ -212,9 +220,12 @@ def cpu_check(samples: list[float], cpu_ms: float, own_cpu_ms: float, threads: i
         # a process whose reports were caught short is timed by its whole CPU time (how many
         # threads its calls really used is its own report too, so it gets no credit for them)
         # or by its calls' share of the wall time, the longer
+        floor = own_cpu_ms if own_floor_ms is None else min(own_cpu_ms, own_floor_ms)
+        calls_cpu = max(calls_cpu, cpu_ms - floor)
         calls_wall = wall_ms * calls_cpu / cpu_ms if wall_ms > 0 and cpu_ms > 0 else 0.0
         charge = max(0.0, max(calls_cpu, calls_wall) - total)
         info["unaccounted_ms"] = round(charge, 3)
+        info["overhead_cpu_floor_ms"] = round(floor, 3)
         info["calls_wall_share_ms"] = round(calls_wall, 3)
         clock = "that CPU time" if calls_cpu >= calls_wall else f"their share of the loop's wall time, {calls_wall:.1f} ms"
         return (f"the job's processes spent {calls_cpu:.1f} ms of CPU time on {len(samples)} timed calls that "
@@ -258,6 +269,7 @@ class CandidateTimer:
         self.timeout = timeout
         self.meta: dict[str, Any] = {}
         self.overhead: dict[str, float] = {}
+        self.own_floor: dict[str, float] = {}
         self.set_seeds: list[int] = []
         self._pristine: dict[int, list] = {}
         self._rotations: dict[int, Any] = {}
@@ -315,6 +327,8 @@ class CandidateTimer:
             sets = [self.pristine(s) for s in range(len(self.set_seeds))]
             new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS), self.get_inputs,
                                    self.full)
+        # every measurement's smallest: what a loop caught by the clock check is charged against
+        self.own_floor = {k: min(v, self.own_floor.get(k, v)) for k, v in new.items()}
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
             if keep is max:  # a busy host's estimate counts up to a bound: past it, the loop is charged
@@ -495,7 +509,10 @@ class CandidateTimer:
         if self._on_cpu and not why:
             threads = int(self.threads or 1)
             own = n * self.overhead.get("cpu", 0.0) + self.overhead.get("cpu_fixed", 0.0)
-            why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]), wall)
+            low = self.own_floor or self.overhead
+            floor = n * low.get("cpu", 0.0) + low.get("cpu_fixed", 0.0)
+            why, cpu_info = cpu_check(samples, (c1[0] - c0[0]) * 1e3, own, threads, max(c0[1], c1[1]), wall,
+                                      own_floor_ms=floor)
             out.update(cpu_info)
         return why, out
 
