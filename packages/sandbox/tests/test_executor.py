@@ -26,6 +26,7 @@ def cpu(**kw) -> CpuExecutor:
     kw.setdefault("preload", [])
     kw.setdefault("warm_plugins", False)
     kw.setdefault("timeout", 20.0)
+    kw.setdefault("prestart", False)  # self-test jobs, no judge job: no candidate process ahead of them
     return CpuExecutor(CpuExecutorOptions(**kw))
 
 
@@ -197,7 +198,7 @@ def test_crash_on_one_device_does_not_disturb_others():
 
 def test_local_executor_on_fake_gpu_ids_sets_visible_devices():
     e = LocalExecutor(LocalExecutorOptions(devices="3,5", preload=[], health_check="", warm_cuda=False,
-                                           warm_plugins=False, timeout=20))
+                                           warm_plugins=False, timeout=20, prestart=False))
     try:
         assert e.devices == ["3", "5"]
         futs = [e.submit(Job(S + "sleep", {"seconds": 0.5})) for _ in range(4)]
@@ -212,6 +213,15 @@ def test_local_executor_on_fake_gpu_ids_sets_visible_devices():
         assert e.run(Job(S + "echo"))["device"] == "cuda:0"
     finally:
         e.close()
+
+
+def test_a_pool_starts_the_judges_candidate_process_ahead_of_each_job_unless_told_not_to():
+    for prestart in (True, False):
+        e = cpu(workers=1, prestart=prestart)
+        try:
+            assert e.run(Job(S + "prestarted")) is prestart
+        finally:
+            e.close()
 
 
 def test_local_executor_device_options():

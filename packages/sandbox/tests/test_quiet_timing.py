@@ -21,6 +21,7 @@ def pool3(tmp_path, **kw) -> CpuExecutor:
     kw.setdefault("preload", [])
     kw.setdefault("warm_plugins", False)
     kw.setdefault("timeout", 30.0)
+    kw.setdefault("prestart", False)  # self-test jobs only
     ex = CpuExecutor(CpuExecutorOptions(devices="a,b,c", lock_dir=str(tmp_path / "locks"), **kw))
     ex.start()
     time.sleep(1.0)  # workers up

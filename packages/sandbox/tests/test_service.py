@@ -55,7 +55,7 @@ def make_ws(root: Path, kernel: str = GOOD) -> Path:
 
 @pytest.fixture(scope="module")
 def executor():
-    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30))
+    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30, prestart=False))
     ex.start()
     yield ex
     ex.close()

@@ -73,7 +73,7 @@ def test_scripts_inside_the_minimal_debian_sandbox(tmp_path):
     from cuda_agent.sandbox.executors.local import CpuExecutor, CpuExecutorOptions
 
     ws = make_ws(tmp_path / "ws")
-    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30))
+    ex = CpuExecutor(CpuExecutorOptions(workers=1, preload=[], warm_plugins=False, timeout=30, prestart=False))
     try:
         with service(ws, ex):
             def run(script):

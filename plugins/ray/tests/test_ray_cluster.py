@@ -34,7 +34,7 @@ pytestmark = pytest.mark.xdist_group("ray-cluster")  # one cluster per test proc
 
 SLOT = "cuda_agent_slot"
 S = "cuda_agent.sandbox.executors.selftest:"
-LIGHT = {"spares": 0, "preload": [], "warm_plugins": False}  # workers that start fast: probe jobs only
+LIGHT = {"spares": 0, "preload": [], "warm_plugins": False, "prestart": False}  # workers that start fast: probe jobs only
 
 
 @pytest.fixture(scope="module")

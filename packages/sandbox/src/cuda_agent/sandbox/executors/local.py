@@ -80,7 +80,8 @@ class _PoolExecutor(Executor):
             env["CUDA_AGENT_QUIET_LOCK"] = os.path.join(o.lock_dir or default_lock_dir(), "host-quiet.lock")
         # each worker starts its candidate process (cuda_agent.sandbox.judge) ahead of its job,
         # before its own CUDA context (the candidate process is forked from the worker)
-        init.append(PRESTART)
+        if o.prestart:
+            init.append(PRESTART)
         return dict(
             name=self.name,
             default_timeout=o.timeout or None,
@@ -167,6 +168,9 @@ class LocalExecutorOptions:
     # workers are forked from one process that imported the preload modules once, not started
     # from nothing (cuda_agent.sandbox.executors.fork_server): a fresh worker costs a fork
     fork_server: bool = True
+    # each worker starts the judge's candidate process ahead of its job (imports, CUDA context);
+    # a pool that runs no judge jobs (builds, self-tests) turns it off and saves that start
+    prestart: bool = True
 
 
 def visible_gpus() -> list[str]:
@@ -258,6 +262,7 @@ class CpuExecutorOptions:
     lock_dir: str = ""
     quiet_timing: bool = True  # timed sections never overlap CPU-heavy ones (see LocalExecutorOptions)
     fork_server: bool = True  # workers forked from one process with the preload imported (see LocalExecutorOptions)
+    prestart: bool = True  # each worker starts the judge's candidate process ahead of its job (see LocalExecutorOptions)
 
 
 class CpuExecutor(_PoolExecutor):

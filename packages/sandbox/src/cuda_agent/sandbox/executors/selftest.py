@@ -19,6 +19,15 @@ def echo(value=None, device: str = "") -> dict:
     }
 
 
+def prestarted(device: str = "") -> bool:
+    """Whether this worker started a candidate process for the judge ahead of its job (the
+    pool's ``prestart`` option), without claiming it."""
+    import sys
+
+    client = sys.modules.get("cuda_agent.sandbox.judge.client")
+    return client is not None and getattr(client, "_prestarted", None) is not None
+
+
 def sleep(seconds: float = 0.1, value=None, device: str = "") -> dict:
     start = time.monotonic()
     time.sleep(seconds)
