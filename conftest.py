@@ -28,6 +28,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    """A test leaves Ctrl-C as it found it: an ignored or blocked SIGINT (left by a library the
+    test ran in this process) is inherited by every command a later test starts."""
+    import signal
+    import warnings
+
+    yield
+    changed = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        changed.append(f"handler {signal.getsignal(signal.SIGINT)!r}")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        changed.append("blocked")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if changed:
+        warnings.warn(f"{item.nodeid} left SIGINT changed ({', '.join(changed)}); restored", stacklevel=1)
+
+
 def pytest_collection_modifyitems(config, items):
     cuda = _has_cuda()
     vllm = importlib.util.find_spec("vllm") is not None

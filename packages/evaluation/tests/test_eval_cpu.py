@@ -237,6 +237,11 @@ extern "C" void sub(const float* a, const float* b, float* out, int64_t n) {
 """
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_cli_resume_after_kill(setup):
     env = dict(os.environ, CUDA_AGENT_DISABLE_PLUGIN_AUTOLOAD="1")
     # the second task's kernel (still a wrong result) takes seconds per call, so the run is
@@ -246,7 +251,11 @@ def test_cli_resume_after_kill(setup):
     # no baselines: this test is about resuming, not timing
     cmd = [sys.executable, "-m", "cuda_agent.core.cli", "eval", *overrides(setup), "eval.workers=1",
            "eval.profile.options.baselines=false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    # Ctrl-C as a user's terminal delivers it: a library used by an earlier test in this process
+    # may have left SIGINT ignored or blocked, and a child inherits both
+    inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                            preexec_fn=_sigint_as_in_a_terminal)
     runs = setup / "runs"
     deadline = time.time() + 120
     results = None
@@ -258,6 +267,8 @@ def test_cli_resume_after_kill(setup):
         if proc.poll() is not None:
             break
         time.sleep(0.1)
+    started = time.time()
+    seen = results.read_text() if results is not None else ""
     proc.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, keeping what is finished
     try:
         _, err = proc.communicate(timeout=90)
@@ -265,7 +276,9 @@ def test_cli_resume_after_kill(setup):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert results is not None, err[-3000:]
-    assert proc.returncode == 130, err[-3000:]
+    why = (f"test process's SIGINT handler and blocked signals {inherited}; SIGINT sent with {seen.count(chr(10))} row(s) written ({seen[:200]!r}); the process ended "
+           f"{time.time() - started:.1f} s later with {results.read_text().count(chr(10))} rows; stderr: {err[-3000:]}")
+    assert proc.returncode == 130, why
     assert "continue with: cuda-agent eval --resume" in err
     first = [json.loads(x)["task_id"] for x in results.read_text().splitlines() if x.strip().endswith("}")]
     assert 1 <= len(first) < 5

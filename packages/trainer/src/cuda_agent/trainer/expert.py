@@ -161,12 +161,14 @@ def expert_turns(code: str) -> list[str] | None:
     if parsed is None:
         return None
     ops, reduce = parsed
-    # what the answer depends on is quoted from the task first (the last line of forward, then
+    # the task is read back after the skeleton, so that the lines of forward stand just above the turn that
+    # translates them; what the answer depends on is then quoted (the last line of forward, then
     # each line above its C++ statement): a small model copies before it translates
     last = f"return {REDUCE[reduce][0]}" if reduce else "return x"
     shape = "one output per row" if reduce else "one output per element"
     return [
-        "I read the skeleton I have to fill in.\n" + format_tool_call("read", {"path": "model_new.py"}),
+        "I read the skeleton I have to fill in, then the model I have to make faster.\n"
+        + format_tool_call("read", {"path": "model_new.py"}) + "\n" + format_tool_call("read", {"path": "model.py"}),
         f"The last line of forward is `{last}`: {shape}. I write each line of forward as one C++ statement "
         "in one fused loop and call it from ModelNew.\n"
         + format_tool_call("write", {"path": "kernels/fused.cpp", "content": kernel_source(ops, reduce)}) + "\n"
