@@ -3,7 +3,7 @@
 before training, after the warm-up (rejection fine-tuning on expert trajectories) and after
 agentic PPO with the judge's milestone reward, on held-out easy tasks.
 
-    python scripts/real_model.py                 # the table (about an hour on 2 busy cores)
+    python scripts/real_model.py                 # the table (about 80 minutes on 2 idle cores)
     python scripts/real_model.py --sft-steps 4 --ppo-steps 1 --heldout 8 --out runs/real-quick
 
 Prints one table (parseable turns, episodes with a compiled / verified candidate, mean reward)
@@ -282,18 +282,18 @@ def main() -> int:
     ap.add_argument("--out", default="runs/real-model")
     ap.add_argument("--resume", action="store_true", help="keep what an earlier run in --out measured and trained")
     ap.add_argument("--heldout", type=int, default=8)
-    ap.add_argument("--train-tasks", type=int, default=64, help="tasks the expert solves for the warm-up")
-    ap.add_argument("--ppo-tasks", type=int, default=64, help="other tasks, for PPO's rollouts")
-    ap.add_argument("--sft-steps", type=int, default=24)
+    ap.add_argument("--train-tasks", type=int, default=80, help="tasks the expert solves for the warm-up")
+    ap.add_argument("--ppo-tasks", type=int, default=32, help="other tasks, for PPO's rollouts")
+    ap.add_argument("--sft-steps", type=int, default=40)
     ap.add_argument("--sft-batch", type=int, default=4)
     ap.add_argument("--sft-lr", type=float, default=2e-4)
-    ap.add_argument("--ppo-steps", type=int, default=8)
-    ap.add_argument("--ppo-batch", type=int, default=8)
+    ap.add_argument("--ppo-steps", type=int, default=4)
+    ap.add_argument("--ppo-batch", type=int, default=4)
     ap.add_argument("--ppo-lr", type=float, default=1e-5)
     ap.add_argument("--critic-lr", type=float, default=5e-5)
     ap.add_argument("--ppo-temperature", type=float, default=1.0)
-    ap.add_argument("--train-layers", type=int, default=8)
-    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--train-layers", type=int, default=16)
+    ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda); the judge stays on the CPU backend")
     ap.add_argument("--max-new-tokens", type=int, default=640, help="generation cap of one turn")
