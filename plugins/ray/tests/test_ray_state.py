@@ -61,3 +61,20 @@ def test_an_in_process_cluster_writes_nothing_to_the_users_home(foreign_home, tm
     assert out["during"]["RAY_AUTH_MODE"] == "token" and len(out["during"]["RAY_AUTH_TOKEN"] or "") == 64
     assert out["after"] == {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None}
     assert list(home.rglob("*")) == [], list(home.rglob("*"))  # no ~/.ray/auth_token, nothing at all
+
+
+def test_ports_handed_to_a_cluster_are_distinct_and_never_in_its_worker_ranges():
+    from cuda_agent_ray.localcluster import LocalCluster, free_ports
+
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+    again = free_ports(20, ports)  # ports given back are often handed out again: not these
+    assert len(set(again)) == 20 and not set(ports) & set(again)
+    c = LocalCluster()
+    try:
+        workers = set(range(c._worker_base, c._worker_base + 200 * 16))
+        assert c.port in c._ports and c.port not in workers
+    finally:
+        import shutil
+
+        shutil.rmtree(c.root, ignore_errors=True)

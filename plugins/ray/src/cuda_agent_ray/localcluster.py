@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,9 +40,28 @@ _USER_RAY_SETTINGS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")  # RAY_A
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
+    """``n`` distinct free ports, none of them in ``taken``. Each stays bound until all are
+    picked: a port given back between two calls is often handed out again, and Ray refuses to
+    start a node whose components were given the same port."""
+    taken = set(taken)
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+            if p not in taken:
+                ports.append(p)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
 
 
 def _ray_cli() -> list[str]:
@@ -110,13 +130,16 @@ class LocalCluster:
                  object_store_mb: int = 200, fast_failure_detection: bool = True, start_timeout: float = 90.0):
         # short: Ray's socket paths live under it and must fit a Unix socket address
         self.root = Path(tempfile.mkdtemp(prefix="rayc-", dir="/tmp" if os.path.isdir("/tmp") else None))
-        self.port = free_port()
+        self._worker_base = random.randrange(20000, 50000, 1000)
+        # ports handed to this cluster's nodes, worker port ranges included: never handed out twice
+        self._ports = set(range(self._worker_base, self._worker_base + 200 * 16))
+        self.port = free_ports(1, self._ports)[0]
+        self._ports.add(self.port)
         self.object_store = object_store_mb * 1_000_000
         self.fast = fast_failure_detection
         self.start_timeout = start_timeout
         self.nodes: list[Node] = []
         self._next_ip = 2
-        self._worker_base = random.randrange(20000, 50000, 1000)
         self.home = self.root / "home"
         self.home.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(_USER_RAY_SETTINGS)}
@@ -153,15 +176,17 @@ class LocalCluster:
         k = self._next_ip - 2
         self._next_ip += 1
         lo = self._worker_base + 200 * k
+        agent_port, client_port = free_ports(2, self._ports)
+        self._ports.update((agent_port, client_port))
         argv = [*_ray_cli(), "start", "--block", "--node-ip-address", ip, "--num-cpus", str(cpus),
                 "--object-store-memory", str(self.object_store), "--resources", json.dumps(resources),
-                "--dashboard-agent-listen-port", str(free_port()), "--min-worker-port", str(lo),
+                "--dashboard-agent-listen-port", str(agent_port), "--min-worker-port", str(lo),
                 "--max-worker-port", str(lo + 199), "--disable-usage-stats"]
         if gpus is not None:
             argv += ["--num-gpus", str(gpus)]
         if head:
             argv += ["--head", "--port", str(self.port), "--include-dashboard", "false", "--temp-dir", str(self.root),
-                     "--ray-client-server-port", str(free_port())]
+                     "--ray-client-server-port", str(client_port)]
             if self.fast:
                 argv += ["--system-config", json.dumps(FAST_FAILURE)]
         else:
