@@ -29,6 +29,10 @@ hopeless one (an L1 activation on one warp). Defaults (--n 6: three L1 activatio
 6.4 GB outputs, three L2 tasks, plus the two) fit about 8 minutes on one H200.
 ``old,new`` is the earlier comparison of builds inside the GPU job against builds ahead.
 
+A pass longer than one call of a batch runner splits with ``--work DIR --passes fresh`` in
+one call and ``--work DIR --passes cached`` in the next, on the same machine. Each run's line
+of the table is printed, and the JSON written, as soon as that run ends.
+
 KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the solutions and a
 JSON of every candidate's numbers are written there.
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -250,6 +255,16 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
             "per_min_per_gpu": len(rows) / wall * 60 / devices, "gpu_busy": busy / (wall * devices)}
 
 
+def summary_row(r: dict) -> None:
+    """One run's line of the table: candidates, wall, rate, GPU-busy fraction, phase medians."""
+    rows = r["rows"]
+    label = {"old": "old (build in the GPU job)", "new": "new (built ahead on CPUs)"}.get(r["path"], r["path"])
+    print(f"| {label} | {len(rows)} | "
+          f"{r['wall']:.0f} | {r['workers']} | {r['per_min_per_gpu']:.2f} | {r['gpu_busy']:.0%} | "
+          f"{med(rows, 'build'):.1f} | {med(rows, 'load'):.1f} | {med(rows, 'verify'):.1f} | {med(rows, 'profile'):.1f} | "
+          f"{med(rows, 'waiting'):.1f} |", flush=True)
+
+
 def med(rows, key) -> float:
     xs = [r[key] for r in rows]
     return statistics.median(xs) if xs else 0.0
@@ -264,6 +279,10 @@ def main() -> None:
     ap.add_argument("--rules", default="kernelbench")
     ap.add_argument("--build-workers", type=int, default=0)
     ap.add_argument("--no-warm", action="store_true", help="do not measure the baselines first")
+    ap.add_argument("--passes", default="fresh,cached",
+                    help="which passes of before/after to run: fresh (empty baseline cache), cached, or both")
+    ap.add_argument("--work", help="work folder kept between calls (baseline caches, builds); a pass 'cached' "
+                                   "in a later call reads what 'fresh' left there")
     args = ap.parse_args()
     root = find_root(args.root)
     levels = tuple(int(x) for x in args.levels.split(","))
@@ -281,9 +300,17 @@ def main() -> None:
             (sol / f"level{task.level}" / (task.id.split("/", 1)[1] + suffix + ".py")).write_text(code)
     from cuda_agent.sandbox.executors.local import LocalExecutor, LocalExecutorOptions
 
-    work = Path(tempfile.mkdtemp(prefix="bench-judge-"))
+    if args.work:
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="bench-judge-"))
     os.chmod(work, 0o755)
+    passes = [x for x in args.passes.split(",") if x]
+    if not passes or set(passes) - {"fresh", "cached"}:
+        ap.error(f"--passes takes fresh, cached or both, not {args.passes!r}")
     runs = []
+    json_path = out_dir / "bench_judge_throughput.json" if out_dir else None
     if compare:  # each path from an empty baseline cache, then with the one it filled
         warm = 0.0
         for path in (x for x in paths if x in ("before", "after")):
@@ -294,10 +321,20 @@ def main() -> None:
             executor.start()
             try:
                 cache = str(work / f"baselines-{path}")
-                for when in ("fresh", "cached"):
+                for when in passes:
+                    if when == "cached" and not any(Path(cache).glob("**/*.json")):
+                        print(f"-- {path}, baselines cached: no cache in {cache} (run the fresh pass first)", flush=True)
+                        continue
+                    if when == "fresh":  # from nothing, also in a --work folder an earlier call left
+                        shutil.rmtree(cache, ignore_errors=True)
+                        if path == next(x for x in paths if x in ("before", "after")):
+                            shutil.rmtree(work / "prebuilt", ignore_errors=True)
                     print(f"-- {path}, baselines {when}", flush=True)
                     runs.append(score(executor, items, work, True, args.build_workers, args.rules,
                                       f"{path}, baselines {when}", cache))
+                    summary_row(runs[-1])  # printed as it ends: a call cut later keeps it
+                    if json_path:
+                        json_path.write_text(json.dumps({"runs": runs}, indent=1, default=str))
             finally:
                 executor.close()
     executor = LocalExecutor()
@@ -315,12 +352,7 @@ def main() -> None:
     print("| path | candidates | wall s | in flight | cand/min/GPU | GPU busy | build | load | verify | profile | waiting |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
-        rows = r["rows"]
-        label = {"old": "old (build in the GPU job)", "new": "new (built ahead on CPUs)"}.get(r["path"], r["path"])
-        print(f"| {label} | {len(rows)} | "
-              f"{r['wall']:.0f} | {r['workers']} | {r['per_min_per_gpu']:.2f} | {r['gpu_busy']:.0%} | "
-              f"{med(rows, 'build'):.1f} | {med(rows, 'load'):.1f} | {med(rows, 'verify'):.1f} | {med(rows, 'profile'):.1f} | "
-              f"{med(rows, 'waiting'):.1f} |")
+        summary_row(r)
     for r in runs:  # the outputs' way and the candidate processes' start, per path
         ways = statistics.multimode([x["output_transfer"].split(" (")[0] or "-" for x in r["rows"]] or ["-"])
         n_warm = sum(1 for x in r["rows"] if x["candidate_process"].startswith("warm"))
