@@ -37,6 +37,7 @@ from .baselines import (
     auto_input_sets,
     cache_for,
     default_profiler,
+    free_device_memory,
     measure_baselines_record,
     timing_threads,
 )
@@ -47,7 +48,7 @@ from .comparison import compare_outputs
 from .draws import fresh_seed
 from .loading import LoadFailure, build_models, load_reference, short_exc, workspace_imports
 from .options import VerifyOptions
-from .verify import device_info, verify_candidate
+from .verify import device_info, give_back_memory, verify_candidate
 
 __all__ = [
     "GuardOptions",
@@ -292,6 +293,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
                 k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
                 del first
+                give_back_memory(device)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"get_inputs() failed: {short_exc(exc)}")
             timer.set_seeds = [seed + 7 * (i + 1) for i in range(k)]
@@ -371,6 +373,8 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
     t0 = time.perf_counter()
     eager, comp, rec = measure_baselines_record(model_code, device, bopts, cache, model=model, init_inputs=init_inputs)
     meta["baseline_cache"] = "hit" if rec.get("cached") else "miss"
+    if not rec.get("cached"):  # what the measurement cached is memory the candidate's process needs
+        free_device_memory(device)
     # the time to read, re-check (an older timing rule) or measure the baselines
     meta["baseline_seconds"] = round(time.perf_counter() - t0, 3)
     meta["baseline_key"] = rec.get("key")

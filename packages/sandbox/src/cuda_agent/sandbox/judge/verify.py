@@ -274,7 +274,7 @@ class Verification:
             if failed is None and i == 0:
                 self.stopped = self.hopeless(ref_ms, self.last_call_ms, ref_out)
             del ref_out
-            _give_back_memory(self.device)
+            give_back_memory(self.device)
             if failed is not None:
                 return failed
             if self.stopped is not None:
@@ -329,10 +329,10 @@ class Verification:
                 continue
             with self.phase("reference"):
                 ref_out, skip = reference_on_extra_draw(self.ref.ref_model, inputs, s, self.device, o)
+            del inputs
             if skip:
                 entry.update(status="skipped", reason=skip)
                 continue
-            del inputs
             failed = self.candidate_on(name, {"seed": s, "extra": kind}, ref_out, f"an extra input draw ({label})")
             del ref_out
             entry["status"] = "failed" if failed is not None else "passed"
@@ -402,6 +402,7 @@ class Verification:
         drawn = draw_inputs(self.ref_mod.get_inputs, s, self.device)
         ref_out = ref2.ref_model(*drawn.values)
         synchronize(self.device)
+        del drawn
         self.meta["second_seed"] = seed2
         return self.candidate_on(f"second seed {seed2}", {"seed": s}, ref_out,
                                  f"the models built after a second seed (rule {RULE_SEEDED}: ModelNew must build its "
@@ -411,6 +412,9 @@ class Verification:
         """The candidate (in its process: guarded, memory poisoned) on the inputs ``draw``
         names, compared here with ``ref_out``; a failed VerifyResult, or None when it matched."""
         o = self.opts
+        # what this process freed (inputs, the reference's temporaries) back to the driver first:
+        # the candidate's process cannot allocate memory held in this one's cache
+        give_back_memory(self.device)
         msg = {"op": "run", **draw, "poison": o.poison, "poison_hint": nbytes(ref_out), "timeout_s": o.timeout_s,
                "guard": dataclasses.asdict(o.guard), "candidate": self.s.cand_name}
         t = time.perf_counter()
@@ -455,7 +459,7 @@ class Verification:
 KEEP_CACHED = 2 << 30  # bytes of freed device memory this process keeps for its next allocations
 
 
-def _give_back_memory(device: Any) -> None:
+def give_back_memory(device: Any) -> None:
     """Hand freed device memory above :data:`KEEP_CACHED` back to the driver: torch's cache
     here is memory the candidate's process cannot allocate (an output of several GB left
     it short of memory on a GPU shared with another job)."""

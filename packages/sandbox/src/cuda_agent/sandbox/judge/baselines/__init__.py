@@ -19,6 +19,7 @@ from .measure import (
     BaselineOptions,
     cached_baselines,
     default_profiler,
+    free_device_memory,
     measure_baselines,
     measure_baselines_record,
     measure_many,
@@ -30,7 +31,7 @@ from .staleness import TIMING_RULE, cached_record, noisy, stale_reason, under_cu
 __all__ = [
     "CACHE_ENV", "TIMING_RULE", "BaselineCache", "BaselineError", "BaselineOptions", "auto_input_sets",
     "build_reference", "cache_for", "cached_baselines", "cached_record", "compile_model", "compiled_timing", "default_cache_dir",
-    "default_profiler", "dynamo_frames", "gpu_name", "is_cpu", "key_fields", "load_code", "measure_baselines",
+    "default_profiler", "dynamo_frames", "free_device_memory", "gpu_name", "is_cpu", "key_fields", "load_code", "measure_baselines",
     "measure_baselines_record", "measure_many", "measure_model", "noisy", "rotation_sets", "stale_reason",
     "threads_for", "time_model", "timing_from", "timing_threads", "under_current_rule", "warm_compiled",
 ]

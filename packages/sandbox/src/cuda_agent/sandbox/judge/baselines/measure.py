@@ -225,14 +225,18 @@ def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOp
         except Exception as exc:  # one broken task must not stop the run
             row.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         finally:
-            _free(device)
+            free_device_memory(device)
         out.append(row)
         if on_result:
             on_result(t, row)
     return out
 
 
-def _free(device: Any) -> None:
+def free_device_memory(device: Any) -> None:
+    """After a measurement: the models, input sets and compiled graphs it left are collected
+    and torch's cached device memory handed back to the driver. A job that times the candidate
+    next does so in another process, which cannot allocate what this one keeps cached: the
+    input sets, outputs and temporaries of a task with inputs of several GB."""
     import gc
 
     gc.collect()
