@@ -206,6 +206,7 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
     workers = 2 * devices + (judge.build_workers() if prebuild else 0)  # as cuda-agent eval runs them
     rows, lock = [], threading.Lock()
     t_start = time.perf_counter()
+    mono_start = time.monotonic()  # the executor's job records are on this clock
 
     def one(item) -> None:
         task, code, kind = item if len(item) == 3 else (*item, "honest")
@@ -236,7 +237,9 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                # whether its candidate process was warm (made ahead of the job) or started for it
                "output_transfer": str((v.metadata or {}).get("output_transfer", "")),
                "candidate_process": str((v.metadata or {}).get("candidate_process", "")),
-               "job_started": str((v.metadata or {}).get("job_started", ""))}
+               "job_started": str((v.metadata or {}).get("job_started", "")),
+               "compile_s": float(pm.get("compile_seconds") or 0.0), "baselines_ahead": pm.get("baselines_ahead", ""),
+               "t_start": t0 - t_start, "t_end": t0 - t_start + wall}
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
             rows.append(row)
@@ -250,9 +253,54 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
         list(pool.map(one, items))
     wall = time.perf_counter() - t_start
     judge.close()
-    busy = sum(r["verify"] + r["profile"] + r.get("baseline_s", 0.0) for r in rows)
-    return {"path": tag, "rows": rows, "wall": wall, "workers": workers, "devices": devices,
+    jobs = gpu_timeline(executor, mono_start, wall)
+    busy = jobs.get("running_s")
+    if busy is None:  # an executor without job records: the jobs' own seconds
+        busy = sum(r["verify"] + r["profile"] for r in rows)
+    return {"path": tag, "rows": rows, "wall": wall, "workers": workers, "devices": devices, "timeline": jobs,
             "per_min_per_gpu": len(rows) / wall * 60 / devices, "gpu_busy": busy / (wall * devices)}
+
+
+def gpu_timeline(executor, since: float, wall: float) -> dict:
+    """Where the GPUs' time went in a run, from the executor's job records: time inside jobs
+    (by kind), before the first job, between jobs while one waited (dispatch) or none did
+    (starved: nothing built or due yet), and after the last."""
+    pool = getattr(executor, "pool", None)
+    recs = [r for r in (getattr(pool, "records", None) or []) if r.submitted >= since and r.started is not None]
+    if not recs:
+        return {}
+    out: dict = {"jobs": len(recs), "running_s": 0.0, "by_kind": {}, "dispatch_s": 0.0, "starved_s": 0.0,
+                 "before_first_s": 0.0, "after_last_s": 0.0}
+    by_dev: dict = {}
+    for r in recs:
+        by_dev.setdefault(r.device or "?", []).append(r)
+    for dev, rs in by_dev.items():
+        rs.sort(key=lambda r: r.started)
+        out["before_first_s"] += rs[0].started - since
+        end = [r.finished or (since + wall) for r in rs]
+        out["after_last_s"] += max(0.0, since + wall - max(end))
+        for i, r in enumerate(rs):
+            ran = end[i] - r.started
+            out["running_s"] += ran
+            k = out["by_kind"].setdefault(r.kind, [0, 0.0])
+            k[0] += 1
+            k[1] += ran
+            if i:
+                gap = max(0.0, r.started - end[i - 1])
+                starved = min(gap, max(0.0, r.submitted - end[i - 1]))
+                out["starved_s"] += starved
+                out["dispatch_s"] += gap - starved
+    return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def timeline_line(r: dict) -> str:
+    t = r.get("timeline") or {}
+    if not t:
+        return f"{r['path']}: no job records"
+    kinds = ", ".join(f"{k} {n} jobs {s:.0f} s" for k, (n, s) in sorted(t["by_kind"].items()))
+    return (f"{r['path']}: GPU in jobs {t['running_s']:.0f} of {r['wall'] * r['devices']:.0f} s ({kinds}); "
+            f"idle before the first job {t['before_first_s']:.0f} s, between jobs with one waiting "
+            f"{t['dispatch_s']:.0f} s, with none due {t['starved_s']:.0f} s, after the last {t['after_last_s']:.0f} s")
 
 
 def summary_row(r: dict) -> None:
@@ -333,6 +381,7 @@ def main() -> None:
                     runs.append(score(executor, items, work, True, args.build_workers, args.rules,
                                       f"{path}, baselines {when}", cache))
                     summary_row(runs[-1])  # printed as it ends: a call cut later keeps it
+                    print(timeline_line(runs[-1]), flush=True)
                     if json_path:
                         json_path.write_text(json.dumps({"runs": runs}, indent=1, default=str))
             finally:
@@ -353,6 +402,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
         summary_row(r)
+    for r in runs:  # where the GPU's time went
+        print(timeline_line(r))
     for r in runs:  # the outputs' way and the candidate processes' start, per path
         ways = statistics.multimode([x["output_transfer"].split(" (")[0] or "-" for x in r["rows"]] or ["-"])
         n_warm = sum(1 for x in r["rows"] if x["candidate_process"].startswith("warm"))

@@ -177,3 +177,64 @@ def test_the_eager_time_for_timeouts_is_read_from_the_baseline_cache(tmp_path: P
     off = Judge(JudgeOptions(profile_options=_profile_options(cache), timeouts_from_cache=False), executor=object(),
                 backend="cpu")
     assert off.eager_ms(root) is None and off.timeout(root, 300.0) == 300.0
+
+
+def test_a_tasks_baselines_are_measured_ahead_in_gpu_time_no_candidate_asks_for(tmp_path: Path):
+    """The job ahead reads the reference alone, caches its baselines, and the candidate's own
+    job then finds them (one candidate process, no measurement after verification)."""
+    from cuda_agent.sandbox.executors import CpuExecutor
+
+    ws = make_workspace(tmp_path)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    ex = CpuExecutor()
+    judge = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline"), ex, backend="cpu")
+    try:
+        assert judge.eager_ms(root) is None
+        fut = judge.measure_ahead(root)
+        assert fut is not None and fut.job.kind == "baseline" and fut.job.priority > 1  # after every candidate job
+        assert judge.measure_ahead(root) is None  # one job per task
+        got = fut.result(timeout=120)
+        assert got["meta"]["baseline_cache"] == "miss" and len(BaselineCache(cache)) == 1
+        assert judge.eager_ms(root) == pytest.approx(got["eager"].median_ms)
+        assert judge.measure_ahead(root) is None  # known now: nothing to measure
+        v, p = judge.evaluate(root, {"seed": 3}, _profile_options(cache), split=False)
+        assert v.ok and p.ok, (v.message, p.message)
+        assert p.metadata["baseline_cache"] == "hit" and p.metadata["baselines_ahead"] == "measured ahead"
+        assert "baselines_measured" not in v.metadata  # read before verification, not measured after it
+        v, p = judge.evaluate(root, {"seed": 4}, _profile_options(cache), split=False)
+        assert "baselines_ahead" not in p.metadata  # said once, to the first candidate after it
+    finally:
+        judge.close()
+        ex.close()
+
+
+def test_a_candidate_due_before_its_baselines_job_started_takes_it_over(tmp_path: Path):
+    from cuda_agent.sandbox.executors import CpuExecutor, Job
+
+    ws = make_workspace(tmp_path)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    ex = CpuExecutor()
+    judge = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline"), ex, backend="cpu")
+    try:
+        busy = ex.submit(Job("cuda_agent.sandbox.executors.selftest:sleep", {"seconds": 3.0}, kind="verify"))
+        fut = judge.measure_ahead(root)
+        assert fut is not None and not fut.done()  # behind the job that holds the one worker
+        assert judge._ahead_settled(root) == "taken over from the job ahead, which had not started"
+        assert fut.cancelled() and judge.measure_ahead(root) is not None  # withdrawn: a later one may ask again
+        assert judge._ahead_settled(root).startswith("taken over")
+        busy.result(timeout=60)
+        v, p = judge.evaluate(root, {"seed": 3}, _profile_options(cache), split=False)
+        assert v.ok and p.ok and p.metadata["baseline_cache"] == "miss", (v.message, p and p.message)
+        assert "after verification" in v.metadata["baselines_measured"] and len(BaselineCache(cache)) == 1
+        # with the option off, judging asks for no job ahead
+        off = Judge(JudgeOptions(profile_options=_profile_options(tmp_path / "c2"), compile_in="inline",
+                                 baselines_ahead=False), ex, backend="cpu")
+        (root / "model_new.py").write_text(hooked_relu_new("from model import Model"))  # refused before the build
+        assert off.judge(root).verify.failure is FailureCategory.FORBIDDEN_OP and not off._ahead
+        (root / "model_new.py").write_text(relu_new("relu"))
+        out = off.judge(root)
+        assert out.profile is not None and out.profile.ok and not off._ahead and "baselines_ahead" not in out.profile.metadata
+        off.close()
+    finally:
+        judge.close()
+        ex.close()

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -41,6 +42,7 @@ VERIFY_JOB = _TASKS + "verify"
 PROFILE_JOB = _TASKS + "profile"
 EVALUATE_JOB = _TASKS + "evaluate"  # verify, then profile, in one worker
 PREBUILD_JOB = _TASKS + "prebuild"  # a single file's extensions, built without a GPU
+BASELINES_JOB = _TASKS + "baselines"  # a task's baselines, measured ahead in GPU time no candidate asks for
 COMPILE_JOB = f"{__name__}:compile_job"  # a workspace's build, sent to a compile executor
 
 
@@ -110,6 +112,11 @@ class JudgeOptions:
     # the refusals that need neither a build nor a GPU (the judged files, the static checks) are
     # made here before anything is built; False: only inside the verification job
     refusals_first: bool = True
+    # a task's baselines, not yet known, are measured by a job of their own (the queue's lowest
+    # priority: it runs only while no candidate's job waits for the GPU) as soon as one of its
+    # candidates passed those refusals, so that they are cached by the time its build is done;
+    # a candidate whose job is due while that job still waits takes it over (measures them itself)
+    baselines_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.compile_in not in ("worker", "inline"):
@@ -180,6 +187,7 @@ class Judge:
         self._eager_ms: dict[str, float] = {}  # task (hash of model.py) -> its eager time, from profiles
         self._task_locks: dict[str, threading.Lock] = {}  # a task's GPU jobs, one at a time until its baselines are known
         self._partial: dict[str, str] = {}  # workspace -> candidate hash, verified on one input set only (verify_stopped)
+        self._ahead: dict[str, Any] = {}  # task -> the future of its baselines' job (measure_ahead)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -373,6 +381,10 @@ class Judge:
         key = self._task_key(root)
         if not key:
             return None
+        with self._lock:
+            fut = self._ahead.get(key)
+        if key not in self._eager_ms and fut is not None and fut.done():  # its callback may not have run yet
+            self._ahead_done(key, fut)
         if key not in self._eager_ms and self.options.timeouts_from_cache:
             from .baselines.cache import cache_for
 
@@ -438,8 +450,10 @@ class Judge:
         failure there is this result's."""
         o = self.options
         opts = o.profile_options if options is None else options
+        ahead = self._ahead_settled(root)
         r = self._run_job("profile", o.profile_job, root, opts, self.timeout(root, o.profile_timeout, prebuilt),
                           ProfileResult)
+        _note_ahead(ahead, r)
         self._learn(root, r)
         with self._lock:
             partial = self._partial.get(str(root))
@@ -461,6 +475,7 @@ class Judge:
         When it does not return: None with ``split`` (two jobs then tell which step failed),
         else a failed verification saying why."""
         o = self.options
+        ahead = self._ahead_settled(root)
         vt, pt = self.timeout(root, o.verify_timeout, prebuilt), self.timeout(root, o.profile_timeout, prebuilt)
         timeout = vt + pt if vt and pt else None
         j = Job(job or o.evaluate_job or EVALUATE_JOB, {
@@ -471,6 +486,7 @@ class Judge:
         t0 = time.monotonic()
         try:
             v, p = self.executor.submit(j).result()
+            _note_ahead(ahead, p)
         except JobError as exc:
             if split:
                 return None
@@ -508,6 +524,81 @@ class Judge:
         except Exception:  # noqa: BLE001 - the verification job checks again and says what is wrong
             return None
 
+    def measure_ahead(self, root: Path, options: dict | None = None) -> Any:
+        """Submit a job that measures and caches the baselines of ``root``'s task (its
+        ``model.py``, copied alone into a folder of its own) unless they are known or already
+        asked for; the job's future, or None. The job has the queue's lowest priority, so it
+        takes only GPU time that no candidate's job asks for (see ``baselines_ahead``). Only
+        for the built-in profiling jobs, whose baselines these are."""
+        o = self.options
+        if not (o.profile_job.startswith(_TASKS) and (not o.evaluate_job or o.evaluate_job.startswith(_TASKS))):
+            return None  # jobs of another kind: their baselines are not necessarily these
+        if (o.profile_options if options is None else options).get("baselines") is False:
+            return None
+        key = self._task_key(root)
+        if not key or self.eager_ms(root) is not None:
+            return None
+        with self._lock:
+            if key in self._ahead:
+                return None
+            self._ahead[key] = None  # claimed: one job per task
+        folder = Path(tempfile.mkdtemp(prefix="cuda-agent-baselines-"))
+        try:
+            (folder / "model.py").write_bytes((Path(root) / "model.py").read_bytes())
+            os.chmod(folder, 0o755)
+            opts = dict(self.options.profile_options if options is None else options)
+            job = Job(BASELINES_JOB, {"workspace": str(folder), "options": opts}, kind="baseline",
+                      timeout=self.options.profile_timeout, label=f"baselines {Path(root).name}")
+            fut = self.executor.submit(job)
+        except Exception:  # noqa: BLE001 - no job ahead: the candidate's own job measures them
+            shutil.rmtree(folder, ignore_errors=True)
+            with self._lock:
+                self._ahead.pop(key, None)
+            return None
+
+        def done(f: Any) -> None:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._ahead_done(key, f)
+
+        with self._lock:
+            self._ahead[key] = fut
+        fut.add_done_callback(done)
+        return fut
+
+    def _ahead_done(self, key: str, fut: Any) -> float | None:
+        """A finished job ahead: its eager time learnt (ms), or, when it failed or was taken
+        over, the task's claim given up so that a later candidate may ask again."""
+        try:
+            got = fut.result() if not fut.cancelled() else None
+        except Exception:  # noqa: BLE001 - the candidate's own job measures them and says why
+            got = None
+        ms = getattr(got.get("eager") if isinstance(got, dict) else None, "median_ms", None)
+        with self._lock:
+            if ms:
+                self._eager_ms[key] = float(ms)
+            elif self._ahead.get(key) is fut:
+                self._ahead.pop(key, None)
+        return float(ms) if ms else None
+
+    def _ahead_settled(self, root: Path) -> str:
+        """Before a task's GPU job: its baselines' job ahead, if one is still queued, is
+        withdrawn (this job measures them, not later than that one would start); one that
+        runs is waited for. What happened ("" when there was none)."""
+        key = self._task_key(root)
+        with self._lock:
+            fut = self._ahead.get(key) if key else None
+            if fut is not None and fut.done():  # said once, to the first candidate after it
+                self._ahead.pop(key, None)
+        if fut is None or fut.done():
+            return "measured ahead" if fut is not None and not fut.cancelled() else ""
+        if fut.cancel():
+            return "taken over from the job ahead, which had not started"
+        try:
+            fut.result()
+        except Exception:  # noqa: BLE001 - the candidate's own job measures them and says why
+            pass
+        return "measured ahead (waited for)"
+
     @contextlib.contextmanager
     def _first_to_measure(self, root: Path, profile: bool) -> Any:
         """Around a task's GPU job: while its baselines are not known to be cached, one job of
@@ -541,6 +632,8 @@ class Judge:
         if early is not None:
             outcome.verify = early
             return outcome
+        if profile and self.options.baselines_ahead:
+            self.measure_ahead(root, popts)
         if not single_file:
             outcome.compile = self.build(root)
             if not outcome.compile.ok:
@@ -548,6 +641,7 @@ class Judge:
         elif self.options.prebuild:
             info = self.prebuild(root)
         ahead = not single_file or (info is not None and str(info.get("built", "")).startswith("ahead"))
+        measured_ahead = self._ahead_settled(root) if profile else ""
         with self._first_to_measure(root, profile):
             both = self.evaluate(root, vopts, popts, split=False, prebuilt=ahead) if one_job and profile else None
             if both is not None:
@@ -561,11 +655,18 @@ class Judge:
                                                       message=outcome.profile.message,
                                                       metadata=outcome.profile.metadata["verify"])
                         outcome.profile = None
+        _note_ahead(measured_ahead, outcome.profile)
         if info is not None:
             for r in (outcome.verify, outcome.profile):
                 if r is not None and isinstance(r.metadata, dict):
                     r.metadata["prebuild"] = dict(info)
         return outcome
+
+
+def _note_ahead(ahead: str, r: Any) -> None:
+    """Say in a profile's metadata how its task's baselines' job ahead ended (when there was one)."""
+    if ahead and r is not None and isinstance(getattr(r, "metadata", None), dict):
+        r.metadata.setdefault("baselines_ahead", ahead)
 
 
 def _candidate_hash(root: Path, verify_options: dict | None) -> str:
@@ -583,5 +684,5 @@ def _candidate_hash(root: Path, verify_options: dict | None) -> str:
     return h.hexdigest()
 
 
-__all__ = ["COMPILE_JOB", "DEFAULT_COMPILER", "EVALUATE_JOB", "Judge", "JudgeOptions", "PREBUILD_JOB",
+__all__ = ["BASELINES_JOB", "COMPILE_JOB", "DEFAULT_COMPILER", "EVALUATE_JOB", "Judge", "JudgeOptions", "PREBUILD_JOB",
            "PROFILE_JOB", "VERIFY_JOB", "compile_job", "default_compiler", "judge_options", "make_compiler"]

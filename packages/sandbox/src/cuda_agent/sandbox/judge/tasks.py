@@ -70,6 +70,16 @@ def evaluate(workspace: str, device: str, verify_options: dict | None = None,
     return jobs.evaluate_workspace(workspace, device, vopts, popts)
 
 
+def baselines(workspace: str, device: str, options: dict | None = None) -> Any:
+    """Measure (or read) the baselines of the reference in ``workspace`` and cache them, for the
+    candidates of its task to find (:meth:`..pipeline.Judge.measure_ahead`). ``workspace``
+    holds the reference alone; ``options``: the profiling job's. Returns
+    :func:`.jobs.prepare_baselines`' answer."""
+    from cuda_agent.sandbox.judge import jobs
+
+    return jobs.prepare_baselines(workspace, device, _options(jobs, "ProfileOptions", options))
+
+
 def prebuild(workspace: str, device: str = "cpu", options: dict | None = None) -> Any:
     """Import a single-file solution once without a GPU so that its extensions are built
     before its GPU job (:mod:`.prebuild`); returns a PrebuildResult. ``options``: ``arch``

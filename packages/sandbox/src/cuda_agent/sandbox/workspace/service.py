@@ -244,6 +244,8 @@ class WorkspaceService:
         """Compile, verify and profile the current files as ``kind`` asks; which results
         came from the cache."""
         cached = None if fresh or not self.options.reuse_results else self._cache.get(key)
+        if kind != "compile" and self.jobs.options.baselines_ahead:  # measured while the build runs
+            self.jobs.measure_ahead(self.root)
         c = self._compile()
         outcome = CandidateOutcome(compile=c)
         reused: list[str] = []
