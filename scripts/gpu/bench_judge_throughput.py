@@ -247,10 +247,30 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
         print(f"  [{tag}] {task.id}: {'correct' if row['ok'] else row['failure']} {sp}wall {wall:.1f}s "
               f"build {row['build']:.1f}s load {row['load']:.1f}s verify {row['verify']:.1f}s "
               f"profile {row['profile']:.1f}s {row['message'][:100]}", flush=True)
+        if kind != "honest":  # how the judge bounded it
+            print(f"  [{tag}] {task.id} ({kind}): " + json.dumps({k: x for k, x in {
+                "verify_stopped": vm.get("verify_stopped"), "timing_stopped": pm.get("timing_stopped"),
+                "verified_in_full_because": vm.get("verified_in_full_because"), "phases": phases,
+                "built": info.get("built"), "message": (v.message if v else "")[:300]}.items() if x}, default=str),
+                  flush=True)
         remove_workspace(root)
 
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, items))
+    done = threading.Event()
+
+    def report() -> None:  # what is still in flight, every 30 s: a long run says where it stands
+        while not done.wait(30.0):
+            pool_ = getattr(executor, "pool", None)
+            running = [(r.label, r.kind, round(time.monotonic() - r.started)) for r in
+                       (getattr(pool_, "records", None) or []) if r.started is not None and r.finished is None]
+            print(f"  [{tag}] at {time.perf_counter() - t_start:.0f} s: {len(rows)} of {len(items)} finished; "
+                  f"GPU jobs running {running or '-'}; queued {pool_.queued() if pool_ is not None else '?'}", flush=True)
+
+    threading.Thread(target=report, daemon=True).start()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one, items))
+    finally:
+        done.set()
     wall = time.perf_counter() - t_start
     judge.close()
     jobs = gpu_timeline(executor, mono_start, wall)
