@@ -220,7 +220,8 @@ def test_a_candidate_due_before_its_baselines_job_started_takes_it_over(tmp_path
         fut = judge.measure_ahead(root)
         assert fut is not None and not fut.done()  # behind the job that holds the one worker
         assert judge._ahead_settled(root) == "taken over from the job ahead, which had not started"
-        assert fut.cancelled() and judge.measure_ahead(root) is not None  # withdrawn: a later one may ask again
+        assert fut.cancelled() and ex.pool.queued() == 0  # a withdrawn job is not counted as waiting
+        assert judge.measure_ahead(root) is not None  # withdrawn: a later candidate may ask again
         assert judge._ahead_settled(root).startswith("taken over")
         busy.result(timeout=60)
         v, p = judge.evaluate(root, {"seed": 3}, _profile_options(cache), split=False)

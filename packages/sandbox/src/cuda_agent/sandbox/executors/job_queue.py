@@ -89,14 +89,18 @@ class JobQueue:
         with self._cond:
             self.counts[what] = self.counts.get(what, 0) + 1
 
+    def _waiting(self) -> int:
+        # a job whose future was cancelled stays in the heap until a slot takes and skips it
+        return sum(1 for _, _, fut, _ in self._heap if not fut.cancelled())
+
     def __len__(self) -> int:
         with self._cond:
-            return len(self._heap)
+            return self._waiting()
 
     def snapshot(self) -> tuple[int, dict[str, int]]:
         """(jobs waiting, results counted so far), read together."""
         with self._cond:
-            return len(self._heap), dict(self.counts)
+            return self._waiting(), dict(self.counts)
 
     def close(self) -> list[QueuedJob] | None:
         """Close the queue and wake every ``take``; returns the jobs that were still
