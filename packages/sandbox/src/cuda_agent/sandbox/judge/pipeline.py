@@ -590,14 +590,15 @@ class Judge:
             if fut is not None and fut.done():  # said once, to the first candidate after it
                 self._ahead.pop(key, None)
         if fut is None or fut.done():
-            return "measured ahead" if fut is not None and not fut.cancelled() else ""
+            ok = fut is not None and not fut.cancelled() and self._ahead_done(key, fut) is not None
+            return "measured ahead" if ok else ""
         if fut.cancel():
             return "taken over from the job ahead, which had not started"
         try:
             fut.result()
         except Exception:  # noqa: BLE001 - the candidate's own job measures them and says why
             pass
-        return "measured ahead (waited for)"
+        return "measured ahead (waited for)" if self._ahead_done(key, fut) is not None else ""
 
     @contextlib.contextmanager
     def _first_to_measure(self, root: Path, profile: bool) -> Any:
