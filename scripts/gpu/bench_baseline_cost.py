@@ -3,9 +3,12 @@ a judge job measures them), under inductor's compile settings side by side.
 
 For every task: the process start (imports), building the reference and drawing its input
 sets, the eager timing, ``torch.compile`` (code generation and the warm-up calls) and the
-compiled timing, with the baseline cache empty. ``--threads default,1`` compares inductor's
+compiled timing, with the baseline cache empty and inductor's own on-disk caches empty (each
+task and variant gets a cache folder of its own). ``--threads default,1`` compares inductor's
 parallel compile workers (a pool of processes started at the first compile) with compiling in
-the job's own process (``TORCHINDUCTOR_COMPILE_THREADS=1``).
+the job's own process (``TORCHINDUCTOR_COMPILE_THREADS=1``); the variant ``warm`` measures the
+task a second time with inductor's caches left by a first measurement (what a job would pay
+if the code generation had been done beforehand, in another process).
 
     python3 scripts/gpu/bench_baseline_cost.py --ids 'L1/19_ReLU,L2/12_*' --threads default,1
 
@@ -63,7 +66,8 @@ print(json.dumps({"imports": round(imported, 2), "measure": round(total, 2), "re
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ids", default="L1/19_ReLU,L1/23_Softmax,L2/12_*,L2/1_*", help="task ids (globs), comma-separated")
-    ap.add_argument("--threads", default="default,1", help="inductor compile threads per variant ('default': torch's)")
+    ap.add_argument("--threads", default="default,1,warm",
+                    help="variants: inductor compile threads ('default': torch's), or 'warm' (inductor's caches filled)")
     ap.add_argument("--root")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per task and variant")
     args = ap.parse_args()
@@ -79,23 +83,28 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="baseline-cost-"))
     for variant in [v.strip() for v in args.threads.split(",") if v.strip()]:
         env = dict(os.environ)
-        if variant != "default":
+        if variant not in ("default", "warm"):
             env["TORCHINDUCTOR_COMPILE_THREADS"] = variant
         for t in chosen:
-            code = work / f"{t.id.replace('/', '_')}.py"
+            name = t.id.replace('/', '_')
+            code = work / f"{name}.py"
             code.write_text(t.code)
-            cache = work / f"cache-{variant}-{t.id.replace('/', '_')}"
-            t0 = time.perf_counter()
-            try:
-                p = subprocess.run([sys.executable, "-c", _CHILD, str(code), str(cache)], env=env, text=True,
-                                   capture_output=True, timeout=args.timeout)
-                line = (p.stdout.strip().splitlines() or [""])[-1]
-                row = json.loads(line) if line.startswith("{") else {"error": (p.stderr or p.stdout)[-300:]}
-            except subprocess.TimeoutExpired:
-                row = {"error": f"over {args.timeout:.0f} s"}
-            row.update(task=t.id, threads=variant, process=round(time.perf_counter() - t0, 2))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{variant}-{name}")
+            runs = ["fill", "warm"] if variant == "warm" else [variant]
+            for run in runs:
+                cache = work / f"cache-{run}-{name}"
+                t0 = time.perf_counter()
+                try:
+                    p = subprocess.run([sys.executable, "-c", _CHILD, str(code), str(cache)], env=env, text=True,
+                                       capture_output=True, timeout=args.timeout)
+                    line = (p.stdout.strip().splitlines() or [""])[-1]
+                    row = json.loads(line) if line.startswith("{") else {"error": (p.stderr or p.stdout)[-300:]}
+                except subprocess.TimeoutExpired:
+                    row = {"error": f"over {args.timeout:.0f} s"}
+                row.update(task=t.id, threads=variant if run == variant or run == "warm" else run,
+                           process=round(time.perf_counter() - t0, 2))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     print("\n| task | compile threads | process s | imports | inputs | measure | compile | eager ms | compile ms |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
