@@ -239,6 +239,7 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                "candidate_process": str((v.metadata or {}).get("candidate_process", "")),
                "job_started": str((v.metadata or {}).get("job_started", "")),
                "compile_s": float(pm.get("compile_seconds") or 0.0), "baselines_ahead": pm.get("baselines_ahead", ""),
+               "profile_phases": dict(pm.get("phase_seconds") or {}), "verify_phases": dict(phases),
                "t_start": t0 - t_start, "t_end": t0 - t_start + wall}
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
@@ -333,6 +334,28 @@ def summary_row(r: dict) -> None:
           f"{med(rows, 'waiting'):.1f} |", flush=True)
 
 
+def profile_phase_lines(r: dict) -> list[str]:
+    """Where the honest candidates' verification and profile jobs spent their time, per
+    KernelBench level: the median of each phase, and for profiles the same again over those
+    that measured their task's baselines themselves."""
+    out = []
+    for level in sorted({row["task"].split("/", 1)[0] for row in r["rows"]}):
+        honest = [x for x in r["rows"] if x["task"].startswith(level + "/") and x.get("kind", "honest") == "honest"]
+        for job, label, sel in (
+                ("verification", "all", [x for x in honest if x.get("verify_phases")]),
+                ("profiles", "all", [x for x in honest if x.get("profile_phases")]),
+                ("profiles", "measured their baselines",
+                 [x for x in honest if x.get("profile_phases") and x["baseline_cache"] == "miss"])):
+            if not sel:
+                continue
+            key = "verify_phases" if job == "verification" else "profile_phases"
+            names = sorted({k for x in sel for k in x[key]},
+                           key=lambda k: -statistics.median(x[key].get(k, 0.0) for x in sel))
+            parts = ", ".join(f"{k} {statistics.median(x[key].get(k, 0.0) for x in sel):.2f}" for k in names)
+            out.append(f"{r['path']}: {level} {job} ({label}, {len(sel)}), median s per phase: {parts}")
+    return out
+
+
 def med(rows, key) -> float:
     xs = [r[key] for r in rows]
     return statistics.median(xs) if xs else 0.0
@@ -402,6 +425,8 @@ def main() -> None:
                                       f"{path}, baselines {when}", cache))
                     summary_row(runs[-1])  # printed as it ends: a call cut later keeps it
                     print(timeline_line(runs[-1]), flush=True)
+                    for line in profile_phase_lines(runs[-1]):
+                        print(line, flush=True)
                     if json_path:
                         json_path.write_text(json.dumps({"runs": runs}, indent=1, default=str))
             finally:

@@ -218,6 +218,11 @@ def test_profile_workspace_uses_cached_baselines(relu_ws, tmp_path):
     assert r1.metadata["baseline_seconds"] > 0 and r2.metadata["baseline_seconds"] >= 0
     assert r2.speedup_vs_eager() > 0 and "eager" in r2.message
     assert "baseline_measured_again_because" not in r1.metadata
+    # where each job's time went: measuring the baselines shows, reading them does not
+    p1, p2 = r1.metadata["phase_seconds"], r2.metadata["phase_seconds"]
+    assert {"reference", "baselines", "inputs", "overhead", "load", "timing", "spot_check", "integrity"} <= set(p1)
+    assert all(v >= 0 for v in p1.values()) and sum(p1.values()) <= r1.seconds + 1e-3
+    assert p1["baselines"] >= r1.metadata["baseline_seconds"] - 1e-3 and p2["baselines"] < p1["baselines"]
     # a record of an older timing rule that no longer stands: measured again, and the job says why
     from cuda_agent.sandbox.judge.baselines import cache_for
 

@@ -25,10 +25,11 @@ the candidate are timed under the same thread count, ``cpu_threads`` (default 1;
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cuda_agent.core.types import FailureCategory, ProfileResult, VerifyResult
 
@@ -247,6 +248,16 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
     meta: dict[str, Any] = {"precision_policy": policy.key, "profiler": prof_name, "seed": seed}
     meta.update(device_info(device))
     eager = comp = None
+    phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
+    meta["phase_seconds"] = phases
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
     def fail(category: FailureCategory, message: str, **kw) -> ProfileResult:
         meta.update({k: v for k, v in session.meta.items() if k not in meta})
@@ -267,8 +278,9 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
     model_code = session.reference.read_text() if session.reference.is_file() else ""
     with workspace_imports(session.snap.root), torch.no_grad():
         try:
-            ref_mod = load_reference(session.reference)
-            loaded = build_models(ref_mod, None, device, o.baseline_seed, True, cand_path.name)
+            with phase("reference"):
+                ref_mod = load_reference(session.reference)
+                loaded = build_models(ref_mod, None, device, o.baseline_seed, True, cand_path.name)
         except LoadFailure as exc:
             return fail(exc.category, exc.message)
         meta["init_inputs"] = describe(loaded.init_inputs)
@@ -280,7 +292,8 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
             meta.update(baselines.get("meta") or {})
         elif o.baselines:
             try:
-                eager, comp, bmeta = _baselines(model_code, device, o, loaded.ref_model, loaded.init_inputs)
+                with phase("baselines"):
+                    eager, comp, bmeta = _baselines(model_code, device, o, loaded.ref_model, loaded.init_inputs)
                 meta.update(bmeta)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"baseline measurement failed: {short_exc(exc)}")
@@ -290,14 +303,16 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
             if threads is not None:
                 meta["cpu_threads"] = threads
             try:
-                first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
-                k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
-                del first
-                give_back_memory(device)
+                with phase("inputs"):
+                    first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
+                    k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
+                    del first
+                    give_back_memory(device)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"get_inputs() failed: {short_exc(exc)}")
             timer.set_seeds = [seed + 7 * (i + 1) for i in range(k)]
-            meta["inputs"] = describe(timer.pristine(0))
+            with phase("inputs"):
+                meta["inputs"] = describe(timer.pristine(0))
             meta["input_sets"] = k
             # the mode the task's eager baseline was timed in (a steadier one when the
             # configured mode timed the reference unsteadily; see profilers.base.time_for_task)
@@ -308,20 +323,24 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 if eager is not None and eager.mode_reason:
                     meta["timing_mode_reason"] = eager.mode_reason
             try:
-                timer.measure_overhead(profiler)  # plain mode: no graph of a call that does nothing
-                failed = session.load(o.baseline_seed, True, o.precision, o.weights)
+                with phase("overhead"):
+                    timer.measure_overhead(profiler)  # plain mode: no graph of a call that does nothing
+                with phase("load"):
+                    failed = session.load(o.baseline_seed, True, o.precision, o.weights)
                 if failed is not None:
                     return refused(failed)
                 options = dict(o.profiler_options) if timing_name == prof_name else {}
                 give_up = (eager.median_ms, o.hopeless_factor, o.hopeless_min_ms) \
                     if eager is not None and o.hopeless_factor > 0 else None
-                cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts, threads,
-                                                 give_up)
+                with phase("timing"):
+                    cand_timing, failed = timer.time(profiler, timing_name, options, graph, o.max_spread, o.attempts,
+                                                     threads, give_up)
                 if failed is not None and failed.extra.get("profiler_error") and graph:
                     # cannot be captured: timed in the configured mode, unlike its baselines
                     meta["timing_mode"] = f"{profiler.method_name()} (baselines: {cand_prof.method_name()}; {failed.message})"[:300]
-                    cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread, o.attempts,
-                                                     threads, give_up)
+                    with phase("timing"):
+                        cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread,
+                                                         o.attempts, threads, give_up)
                 meta.update(timer.meta)
                 if failed is not None:
                     if failed.category is FailureCategory.CRASH and not failed.message.startswith("ModelNew"):
@@ -331,11 +350,13 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                     def compare(ref: Any, out: Any) -> Any:
                         return compare_outputs(ref, out, o.atol, o.rtol, "output")
 
-                    bad = timer.spot_check(compare) if getattr(timer, "_last_seed", None) is not None else None
+                    with phase("spot_check"):
+                        bad = timer.spot_check(compare) if getattr(timer, "_last_seed", None) is not None else None
                     meta.update(timer.meta)
                     if bad is not None:
                         return refused(bad, candidate=cand_timing)
-                tampered = session.integrity()  # timed with replaced timers: defence in depth
+                with phase("integrity"):
+                    tampered = session.integrity()  # timed with replaced timers: defence in depth
                 if tampered is not None:
                     return refused(tampered)
             except CandidateProcessError as exc:
