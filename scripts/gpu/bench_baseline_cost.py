@@ -6,7 +6,8 @@ sets, the eager timing, ``torch.compile`` (code generation and the warm-up calls
 compiled timing, with the baseline cache empty and inductor's own on-disk caches empty (each
 task and variant gets a cache folder of its own). ``--threads default,1`` compares inductor's
 parallel compile workers (a pool of processes started at the first compile) with compiling in
-the job's own process (``TORCHINDUCTOR_COMPILE_THREADS=1``); the variant ``warm`` measures the
+the job's own process (``TORCHINDUCTOR_COMPILE_THREADS=1``); ``preload`` imports inductor's
+modules before the measurement starts (as a fork server that preloads them would); ``warm`` measures the
 task a second time with inductor's caches left by a first measurement (what a job would pay
 if the code generation had been done beforehand, in another process).
 
@@ -38,22 +39,28 @@ import torch
 from cuda_agent.sandbox.judge.baselines import BaselineOptions, measure_baselines_record
 from cuda_agent.sandbox.judge.baselines.cache import BaselineCache
 from cuda_agent.sandbox.judge.baselines import reference as ref
-torch.cuda.init()
+code, cache, variant, device = sys.argv[1:5]
+if device != "cpu":
+    torch.cuda.init()
 imported = time.perf_counter() - t0
-code, cache = sys.argv[1], sys.argv[2]
 phases = {}
+if variant == "preload":  # inductor's modules imported before the measurement
+    t = time.perf_counter()
+    import torch._inductor.compile_fx, torch._inductor.codegen.triton, torch._inductor.runtime.triton_heuristics
+    phases["inductor_imports"] = round(time.perf_counter() - t, 2)
 orig_sets = ref.rotation_sets
 def timed_sets(*a, **k):
     t = time.perf_counter()
     out = orig_sets(*a, **k)
-    torch.cuda.synchronize()
+    if device != "cpu":
+        torch.cuda.synchronize()
     phases["inputs"] = round(time.perf_counter() - t, 2)
     return out
 ref.rotation_sets = timed_sets
 import cuda_agent.sandbox.judge.baselines.measure as m
 m.rotation_sets = timed_sets
 t1 = time.perf_counter()
-eager, comp, rec = measure_baselines_record(open(code).read(), "cuda", BaselineOptions(cache_dir=cache), BaselineCache(cache))
+eager, comp, rec = measure_baselines_record(open(code).read(), device, BaselineOptions(cache_dir=cache), BaselineCache(cache))
 total = time.perf_counter() - t1
 print(json.dumps({"imports": round(imported, 2), "measure": round(total, 2), "record_seconds": rec.get("seconds"),
                   "compile_seconds": rec.get("compile_seconds"), "eager_ms": eager.median_ms,
@@ -66,9 +73,11 @@ print(json.dumps({"imports": round(imported, 2), "measure": round(total, 2), "re
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ids", default="L1/19_ReLU,L1/23_Softmax,L2/12_*,L2/1_*", help="task ids (globs), comma-separated")
-    ap.add_argument("--threads", default="default,1,warm",
-                    help="variants: inductor compile threads ('default': torch's), or 'warm' (inductor's caches filled)")
+    ap.add_argument("--threads", default="default,1,preload,warm",
+                    help="variants: inductor compile threads ('default': torch's), 'preload' (inductor imported "
+                         "first) or 'warm' (inductor's caches filled)")
     ap.add_argument("--root")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu to try the script where no GPU is")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per task and variant")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
@@ -83,7 +92,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="baseline-cost-"))
     for variant in [v.strip() for v in args.threads.split(",") if v.strip()]:
         env = dict(os.environ)
-        if variant not in ("default", "warm"):
+        if variant not in ("default", "warm", "preload"):
             env["TORCHINDUCTOR_COMPILE_THREADS"] = variant
         for t in chosen:
             name = t.id.replace('/', '_')
@@ -95,7 +104,7 @@ def main() -> None:
                 cache = work / f"cache-{run}-{name}"
                 t0 = time.perf_counter()
                 try:
-                    p = subprocess.run([sys.executable, "-c", _CHILD, str(code), str(cache)], env=env, text=True,
+                    p = subprocess.run([sys.executable, "-c", _CHILD, str(code), str(cache), variant, args.device], env=env, text=True,
                                        capture_output=True, timeout=args.timeout)
                     line = (p.stdout.strip().splitlines() or [""])[-1]
                     row = json.loads(line) if line.startswith("{") else {"error": (p.stderr or p.stdout)[-300:]}
@@ -111,7 +120,7 @@ def main() -> None:
         if "error" in r:
             print(f"| {r['task']} | {r['threads']} | {r['process']} | error: {r['error'][-80:]} | | | | | |")
             continue
-        print(f"| {r['task']} | {r['threads']} | {r['process']:.1f} | {r['imports']:.1f} | {r.get('inputs', 0):.1f} | "
+        print(f"| {r['task']} | {r['threads']} | {r['process']:.1f} | {r['imports'] + r.get('inductor_imports', 0):.1f} | {r.get('inputs', 0):.1f} | "
               f"{r['measure']:.1f} | {r['compile_seconds'] or 0:.1f} | {r['eager_ms']:.4g} | "
               f"{r['compile_ms'] or float('nan'):.4g} |")
     for variant in sorted({r["threads"] for r in rows}):
