@@ -224,6 +224,19 @@ def test_a_pool_starts_the_judges_candidate_process_ahead_of_each_job_unless_tol
             e.close()
 
 
+def test_judge_workers_come_with_what_a_baseline_compile_imports():
+    """A pool's default preload (imported once by its fork server): the compile of a
+    baseline finds inductor imported, not paid for by the job that measures."""
+    e = CpuExecutor(CpuExecutorOptions(workers=1, warm_plugins=False, timeout=60.0, prestart=False))
+    try:
+        names = ["torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs", "torch._inductor.codecache"]
+        got = e.submit(Job(S + "imported", {"names": names})).result(timeout=180)
+        assert {"torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs"} <= set(got)
+        assert e.stats()["fork_server"] == "on"
+    finally:
+        e.close()
+
+
 def test_local_executor_device_options():
     e = LocalExecutor(LocalExecutorOptions(devices="0,1,2", device_count=2, preload=[]))
     assert e.devices == ["0", "1"]

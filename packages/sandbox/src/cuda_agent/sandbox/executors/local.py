@@ -137,6 +137,10 @@ class _PoolExecutor(Executor):
         self.close()
 
 
+# modules a judge's worker imports before its first job (by its fork server, once per pool)
+JUDGE_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs")
+
+
 # --- GPU pool -------------------------------------------------------------------------
 
 
@@ -151,8 +155,10 @@ class LocalExecutorOptions:
     # cannot hand its process on); a reward is two jobs back to back and a worker takes
     # seconds to start (torch import, CUDA context), so with one spare the second job waited.
     spares: int = 3
-    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.judge.integrity); a spare pays it while it waits
-    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.judge.jobs"])
+    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.judge.integrity); a spare pays it while it waits.
+    # torch._inductor.compile_fx: what a baseline's torch.compile imports first (over a second
+    # on a fresh process), paid once by the fork server instead of by every job that measures
+    preload: list[str] = field(default_factory=lambda: list(JUDGE_PRELOAD))
     warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0  # with recycle=on_error/never: replace after N jobs (0: never)
@@ -251,8 +257,8 @@ class CpuExecutorOptions:
     timeout: float = 180.0
     recycle: str = "always"
     spares: int = 1  # warm workers waiting per CPU slot
-    # torch._dynamo: every candidate process imports it (see LocalExecutorOptions); forked, it has it already
-    preload: list[str] = field(default_factory=lambda: ["torch", "torch._dynamo", "cuda_agent.sandbox.judge.jobs"])
+    # torch._dynamo: every candidate process imports it, torch._inductor every baseline (see LocalExecutorOptions)
+    preload: list[str] = field(default_factory=lambda: list(JUDGE_PRELOAD))
     warm_plugins: bool = True
     start_timeout: float = 180.0
     max_jobs_per_worker: int = 0

@@ -28,6 +28,13 @@ def prestarted(device: str = "") -> bool:
     return client is not None and getattr(client, "_prestarted", None) is not None
 
 
+def imported(names: list, device: str = "") -> list:
+    """Which of the modules ``names`` this worker had imported before its job ran."""
+    import sys
+
+    return [n for n in names if n in sys.modules]
+
+
 def sleep(seconds: float = 0.1, value=None, device: str = "") -> dict:
     start = time.monotonic()
     time.sleep(seconds)
