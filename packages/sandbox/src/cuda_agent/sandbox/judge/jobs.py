@@ -25,11 +25,10 @@ the candidate are timed under the same thread count, ``cpu_threads`` (default 1;
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from cuda_agent.core.types import FailureCategory, ProfileResult, VerifyResult
 
@@ -49,6 +48,7 @@ from .comparison import compare_outputs
 from .draws import fresh_seed
 from .loading import LoadFailure, build_models, load_reference, short_exc, workspace_imports
 from .options import VerifyOptions
+from .phases import PhaseClock
 from .verify import device_info, give_back_memory, verify_candidate
 
 __all__ = [
@@ -248,16 +248,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
     meta: dict[str, Any] = {"precision_policy": policy.key, "profiler": prof_name, "seed": seed}
     meta.update(device_info(device))
     eager = comp = None
-    phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
-    meta["phase_seconds"] = phases
-
-    @contextlib.contextmanager
-    def phase(name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t, 4)
+    phase = PhaseClock(meta.setdefault("phase_seconds", {}))  # where the job's time went
 
     def fail(category: FailureCategory, message: str, **kw) -> ProfileResult:
         meta.update({k: v for k, v in session.meta.items() if k not in meta})

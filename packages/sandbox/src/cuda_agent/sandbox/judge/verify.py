@@ -29,11 +29,10 @@ be handed to it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from cuda_agent.core.types import CheckResult, FailureCategory, VerifyResult
 
@@ -45,6 +44,7 @@ from .loading import (LoadFailure, Loaded, build_candidate, build_models, load_c
                       short_exc, workspace_imports)
 from .op_guard import GuardOptions
 from .options import VerifyOptions
+from .phases import PhaseClock
 from .poisoning import fill_uninitialized, poison_allocator
 from .precision import policy_from, precision_context
 from .watchdog import VerifyTimeout, deadline, synchronize
@@ -126,16 +126,9 @@ class Verification:
         self.scaled = True  # tiny outputs compared at their own scale (see scale_comparable)
         self.phases: dict[str, float] = {}  # where the job's time went (seconds per phase)
         self.meta["phase_seconds"] = self.phases
+        self.phase = PhaseClock(self.phases)
         self.last_call_ms = 0.0  # the trusted side's clock on the candidate's latest call (output transfer included)
         self.stopped: dict | None = None  # why the checks stopped after one input set (a hopeless first call)
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - t, 4)
 
     def result(self, ok: bool, failure: FailureCategory, message: str) -> VerifyResult:
         from .rules import rule_of
