@@ -224,17 +224,27 @@ def test_a_pool_starts_the_judges_candidate_process_ahead_of_each_job_unless_tol
             e.close()
 
 
-def test_judge_workers_come_with_what_a_baseline_compile_imports():
-    """A pool's default preload (imported once by its fork server): the compile of a
-    baseline finds inductor imported, not paid for by the job that measures."""
-    e = CpuExecutor(CpuExecutorOptions(workers=1, warm_plugins=False, timeout=60.0, prestart=False))
+def test_gpu_workers_import_inductor_while_they_wait_and_not_in_their_fork_server():
+    """A baseline's compile finds inductor imported (by the worker, as a spare, after its CUDA
+    context), while the fork server never imports it: its import initialises CUDA, after which
+    no forked worker could use the GPU."""
+    names = ["torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs"]
+    e = LocalExecutor(LocalExecutorOptions(devices="3", health_check="", warm_cuda=False, warm_plugins=False,
+                                           timeout=60, prestart=False))
     try:
-        names = ["torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs", "torch._inductor.codecache"]
-        got = e.submit(Job(S + "imported", {"names": names})).result(timeout=180)
-        assert {"torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs"} <= set(got)
+        assert set(e.submit(Job(S + "imported", {"names": names})).result(timeout=180)) == set(names)
         assert e.stats()["fork_server"] == "on"
+        kw = e.pool_kwargs()  # what the fork server imports, and what each worker runs after its fork
+        assert "torch._dynamo" in kw["preload"] and not any("inductor" in m for m in kw["preload"])
+        assert kw["init"][-1].endswith(":warm_inductor")
     finally:
         e.close()
+    off = LocalExecutor(LocalExecutorOptions(devices="3", health_check="", warm_cuda=False, warm_plugins=False,
+                                             timeout=60, prestart=False, warm_inductor=False))
+    try:
+        assert "torch._inductor.compile_fx" not in off.submit(Job(S + "imported", {"names": names})).result(timeout=180)
+    finally:
+        off.close()
 
 
 def test_local_executor_device_options():

@@ -33,6 +33,14 @@ def cuda_init(device: str = "cuda:0") -> None:
             torch.cuda.synchronize(device)
 
 
+def warm_inductor(device: str = "") -> None:
+    """Import what a baseline's ``torch.compile`` imports first (seconds of CPU), ahead of the
+    worker's first job. In a worker only, after its CUDA context: the import initialises CUDA
+    (``torch.cuda.is_available()``), which a process that forks workers must never do."""
+    if "torch" in sys.modules:  # only where the worker preloaded torch
+        import torch._inductor.compile_fx  # noqa: F401
+
+
 def warm_plugins(device: str = "") -> None:
     """Load the plugin registry now (jobs look up profilers and checks through it)."""
     from cuda_agent.core.plugins import get_plugin_manager

@@ -137,8 +137,10 @@ class _PoolExecutor(Executor):
         self.close()
 
 
-# modules a judge's worker imports before its first job (by its fork server, once per pool)
-JUDGE_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.sandbox.judge.jobs")
+# modules a judge's worker imports before its first job (by its fork server, once per pool).
+# Not torch._inductor: importing it asks torch.cuda.is_available(), which initialises CUDA
+# in the fork server, and no worker forked after that can use the GPU (see warm_inductor)
+JUDGE_PRELOAD = ("torch", "torch._dynamo", "cuda_agent.sandbox.judge.jobs")
 
 
 # --- GPU pool -------------------------------------------------------------------------
@@ -155,9 +157,7 @@ class LocalExecutorOptions:
     # cannot hand its process on); a reward is two jobs back to back and a worker takes
     # seconds to start (torch import, CUDA context), so with one spare the second job waited.
     spares: int = 3
-    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.judge.integrity); a spare pays it while it waits.
-    # torch._inductor.compile_fx: what a baseline's torch.compile imports first (over a second
-    # on a fresh process), paid once by the fork server instead of by every job that measures
+    # torch._dynamo: imported by every candidate job (see cuda_agent.sandbox.judge.integrity); a spare pays it while it waits
     preload: list[str] = field(default_factory=lambda: list(JUDGE_PRELOAD))
     warm_plugins: bool = True  # workers load the plugin registry before their first job
     start_timeout: float = 180.0
@@ -177,6 +177,10 @@ class LocalExecutorOptions:
     # each worker starts the judge's candidate process ahead of its job (imports, CUDA context);
     # a pool that runs no judge jobs (builds, self-tests) turns it off and saves that start
     prestart: bool = True
+    # each worker imports inductor after its CUDA context, while it waits as a spare: a task's
+    # first baseline compile paid that import in the GPU slot (4.7 s of a 7.1 s compile on an
+    # H200 host, scripts/gpu/bench_baseline_cost.py)
+    warm_inductor: bool = True
 
 
 def visible_gpus() -> list[str]:
@@ -244,6 +248,8 @@ class LocalExecutor(_PoolExecutor):
             # after the candidate process: it is forked from this worker, which must not have
             # a CUDA context yet (cuda_agent.sandbox.judge.client)
             kw["init"] = kw["init"] + ["cuda_agent.sandbox.executors.health:cuda_init"]
+        if self.options.warm_inductor:  # after the CUDA context (see JUDGE_PRELOAD)
+            kw["init"] = kw["init"] + ["cuda_agent.sandbox.executors.health:warm_inductor"]
         return kw
 
 
@@ -257,7 +263,7 @@ class CpuExecutorOptions:
     timeout: float = 180.0
     recycle: str = "always"
     spares: int = 1  # warm workers waiting per CPU slot
-    # torch._dynamo: every candidate process imports it, torch._inductor every baseline (see LocalExecutorOptions)
+    # torch._dynamo: every candidate process imports it (see LocalExecutorOptions); forked, it has it already
     preload: list[str] = field(default_factory=lambda: list(JUDGE_PRELOAD))
     warm_plugins: bool = True
     start_timeout: float = 180.0
