@@ -37,8 +37,13 @@ def warm_inductor(device: str = "") -> None:
     """Import what a baseline's ``torch.compile`` imports first (seconds of CPU), ahead of the
     worker's first job. In a worker only, after its CUDA context: the import initialises CUDA
     (``torch.cuda.is_available()``), which a process that forks workers must never do."""
-    if "torch" in sys.modules:  # only where the worker preloaded torch
-        import torch._inductor.compile_fx  # noqa: F401
+    if "torch" not in sys.modules:  # only where the worker preloaded torch
+        return
+    import importlib
+
+    # what scripts/gpu/bench_baseline_cost.py's "preload" imports (triton's runtime on a GPU host)
+    for name in ("torch._inductor.compile_fx", "torch._inductor.codegen.triton", "torch._inductor.runtime.triton_heuristics"):
+        importlib.import_module(name)
 
 
 def warm_plugins(device: str = "") -> None:
