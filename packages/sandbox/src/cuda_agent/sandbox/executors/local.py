@@ -178,7 +178,7 @@ class LocalExecutorOptions:
     # a pool that runs no judge jobs (builds, self-tests) turns it off and saves that start
     prestart: bool = True
     # each worker imports inductor after its CUDA context, while it waits as a spare: a task's
-    # first baseline compile paid that import in the GPU slot (4.7 s of a 7.1 s compile on an
+    # first baseline compile paid that import in the GPU slot (4.6 s of a 6.7-7.5 s compile on an
     # H200 host, scripts/gpu/bench_baseline_cost.py)
     warm_inductor: bool = True
 
