@@ -20,7 +20,6 @@ to ``$OUT/bench_baseline_cost.json``.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import statistics
@@ -81,13 +80,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per task and variant")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    from bench_judge_throughput import find_root
-    from cuda_agent.core.plugins import get_plugin_manager
+    from bench_judge_throughput import tasks_matching
 
-    root = find_root(args.root)
-    tasks = get_plugin_manager().create("dataset", {"name": "kernelbench", "options": {"root": str(root)}}).tasks()
-    pats = [p.strip() for p in args.ids.split(",") if p.strip()]
-    chosen = [t for t in tasks if any(fnmatch.fnmatch(t.id, p) for p in pats)]
+    chosen = tasks_matching(args.root, args.ids)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="baseline-cost-"))
     for variant in [v.strip() for v in args.threads.split(",") if v.strip()]:

@@ -141,6 +141,19 @@ def find_root(arg: str | None) -> Path:
     sys.exit("KernelBench not found: pass --root or set CUDA_AGENT_KERNELBENCH")
 
 
+def tasks_matching(root_arg: str | None, ids: str) -> list:
+    """KernelBench tasks (found as :func:`find_root` finds them) whose ids match one of the
+    comma-separated globs in ``ids``, e.g. ``'L1/19_ReLU,L2/12_*'``."""
+    import fnmatch
+
+    from cuda_agent.core.plugins import get_plugin_manager
+
+    root = find_root(root_arg)
+    tasks = get_plugin_manager().create("dataset", {"name": "kernelbench", "options": {"root": str(root)}}).tasks()
+    pats = [p.strip() for p in ids.split(",") if p.strip()]
+    return [t for t in tasks if any(fnmatch.fnmatch(t.id, p) for p in pats)]
+
+
 def pick(root: Path, n: int, levels: tuple[int, ...] = (1, 2)) -> list[tuple[object, str]]:
     from cuda_agent.core.plugins import get_plugin_manager
 

@@ -17,7 +17,6 @@ KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the row
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import shutil
@@ -83,18 +82,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    from bench_judge_throughput import find_root
-    from cuda_agent.core.plugins import get_plugin_manager
+    from bench_judge_throughput import tasks_matching
     from cuda_agent.evaluation.scoring import make_workspace
     from cuda_agent.sandbox.judge import jobs
     from cuda_agent.sandbox.judge.baselines import BaselineOptions, measure_baselines_record
     from cuda_agent.sandbox.judge.baselines.cache import BaselineCache
     from cuda_agent.sandbox.judge.baselines.measure import free_device_memory
 
-    root = find_root(args.root)
-    tasks = get_plugin_manager().create("dataset", {"name": "kernelbench", "options": {"root": str(root)}}).tasks()
-    pats = [p.strip() for p in args.ids.split(",") if p.strip()]
-    chosen = [t for t in tasks if any(fnmatch.fnmatch(t.id, p) for p in pats)]
+    chosen = tasks_matching(args.root, args.ids)
     work = Path(tempfile.mkdtemp(prefix="timing-paths-"))
     os.chmod(work, 0o755)
     gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
