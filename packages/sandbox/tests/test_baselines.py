@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -450,8 +451,11 @@ def test_a_hopelessly_slow_candidate_is_timed_no_further(relu_ws, tmp_path):
         "        y = torch.empty_like(x)\n", 1)
     assert slow != relu_new("relu")
     (Path(relu_ws.root) / "model_new.py").write_text(slow)
-    r = jobs.profile_workspace(str(relu_ws.root), "cpu", popts(tmp_path))
+    # a warm-up of at least eight calls (160 ms of this candidate's) unless it gives up
+    opts = dataclasses.replace(popts(tmp_path), profiler_options={**FAST, "warmup_iters": 8})
+    r = jobs.profile_workspace(str(relu_ws.root), "cpu", opts)
     assert r.ok, r.message
+    assert r.candidate.warmup_ms < 140  # stopped after two calls past the bound
     stopped = r.metadata["timing_stopped"]
     assert stopped["ratio_vs_eager"] > 20 and stopped["limit"] == 20.0 and "timed no further" in stopped["why"]
     assert r.candidate.attempts == 0 and "timing_loops" not in r.metadata and r.candidate.median_ms >= 20

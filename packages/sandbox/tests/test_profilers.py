@@ -57,6 +57,24 @@ def test_wallclock_iterations_follow_the_target():
     assert 3 <= t.iterations <= 8
 
 
+def test_wallclock_warm_up_stops_after_two_calls_past_the_give_up_bound():
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.012)
+
+    o = dict(warmup_iters=6, warmup_ms=0, target_ms=20, min_iters=3, max_iters=10)
+    run = WallclockProfiler(WallclockProfiler.Options(give_up_ms=5.0, **o)).begin(slow, [[]], "cpu")
+    assert len(calls) == 2 and run.estimate_ms > 5.0
+    calls.clear()
+    run = WallclockProfiler(WallclockProfiler.Options(**o)).begin(slow, [[]], "cpu")  # no bound: the full warm-up
+    assert len(calls) == 6
+    calls.clear()
+    run = WallclockProfiler(WallclockProfiler.Options(give_up_ms=1000.0, **o)).begin(slow, [[]], "cpu")
+    assert len(calls) == 6 and run.estimate_ms < 1000.0  # under the bound: the full warm-up
+
+
 def test_summarize_median_and_spread():
     t = summarize([1.0, 2.0, 3.0, 4.0, 100.0], "x")
     assert t.median_ms == 3.0 and t.iterations == 5
@@ -271,6 +289,18 @@ def test_warm_up_of_a_level_call_ends_with_the_fixed_warm_up(monkeypatch):
     est, warmup_ms, drift, calls = _warm_up_on(lambda i: 1.0, monkeypatch, settle_ms=500.0)
     assert est == pytest.approx(1.0) and drift == 0.0
     assert warmup_ms == pytest.approx(20.0, abs=1.01)
+
+
+def test_warm_up_of_a_hopeless_call_stops_after_two_calls_past_the_bound(monkeypatch):
+    est, warmup_ms, drift, calls = _warm_up_on(lambda i: 50.0, monkeypatch, give_up_ms=10.0)
+    assert calls == 2 and est == pytest.approx(50.0) and warmup_ms == pytest.approx(100.0)
+    # without the bound the same call is warmed up in full (three calls, then settling)
+    assert _warm_up_on(lambda i: 50.0, monkeypatch)[3] >= 4
+    # one slow first call (a compile, lazy initialisation) never decides it
+    est, warmup_ms, drift, calls = _warm_up_on(lambda i: 50.0 if i == 0 else 1.0, monkeypatch, give_up_ms=10.0)
+    assert calls > 3 and est == pytest.approx(1.0)
+    # nor do calls under the bound, however slow
+    assert _warm_up_on(lambda i: 9.0, monkeypatch, give_up_ms=10.0)[3] >= 4
 
 
 def test_warm_up_gives_up_settling_after_settle_ms(monkeypatch):

@@ -53,6 +53,10 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": error_reply(exc)}
     st.timing["run"] = run
+    give_up_ms = float(getattr(getattr(prof, "options", None), "give_up_ms", 0.0) or 0.0)
+    if 0 < give_up_ms < run.estimate_ms:  # hopeless: no loop follows (see timing.CandidateTimer.time)
+        return {"ok": True, "two_phase": True, "estimate_ms": run.estimate_ms, "warmup_ms": run.warmup_ms,
+                "method": run.method, "cpu_threads": n_threads, "stopped": True}
     try:  # the first calls of the rotation and checksum paths, before any loop is timed
         with torch.no_grad():
             out = fn(*work[0])

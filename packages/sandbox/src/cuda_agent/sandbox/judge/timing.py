@@ -69,6 +69,15 @@ RULE_WALL = "timing.wall-clock"
 RULE_CHECKSUM = "timing.checksum"
 
 
+def give_up_bound(give_up: tuple[float, float, float] | None) -> float:
+    """The time per call past which a candidate is timed no further (0: none): more than
+    ``factor`` times eager's and more than ``min_ms``, from ``give_up = (eager_ms, factor,
+    min_ms)`` (see :meth:`CandidateTimer.time`)."""
+    if give_up is None or give_up[0] <= 0 or give_up[1] <= 0:
+        return 0.0
+    return max(give_up[0] * give_up[1], give_up[2])
+
+
 def _now_ms() -> float:
     from . import native
 
@@ -348,6 +357,11 @@ class CandidateTimer:
         from ..isolation import hostlock
 
         self.threads = cpu_threads
+        bound = give_up_bound(give_up)
+        if bound > 0 and "give_up_ms" in getattr(getattr(profiler, "options", None), "__dataclass_fields__", {}):
+            # the warm-up itself stops at the bound (two calls past it): a call of seconds is
+            # not called again and again only to be given up on after the warm-up
+            options = {**options, "give_up_ms": bound}
         warm_msg = {"op": "warm", "profiler": name, "options": options, "graph": graph,
                     "sets": self.set_seeds, "cpu_threads": cpu_threads}
         with hostlock.timing():
@@ -365,8 +379,7 @@ class CandidateTimer:
         except (TypeError, ValueError):
             return None, Refusal(FailureCategory.CRASH, "the candidate process sent a malformed warm-up")
         method = prof.method_name()
-        if give_up is not None and give_up[0] > 0 and give_up[1] > 0 and estimate > give_up[0] * give_up[1] \
-                and estimate > give_up[2]:
+        if bound > 0 and estimate > bound:
             # hopeless: the estimate is the candidate's own report, and only ever counts against it
             from .profilers.base import summarize
 

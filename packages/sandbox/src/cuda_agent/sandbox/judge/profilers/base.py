@@ -111,6 +111,14 @@ def settled(times_ms: list[float], window_ms: float, tol: float) -> bool:
     return abs(b - a) <= max(tol, 2 * scatter) * max(a, 1e-12)
 
 
+def past_give_up(times_ms: list[float], give_up_ms: float) -> bool:
+    """Whether a warm-up may stop at once: its two latest calls each took longer than
+    ``give_up_ms`` (0: never). Such a candidate is timed no further (the judge gives up on a
+    call that many times slower than eager); two calls, so that one slow first call (lazy
+    initialisation, a compile) never decides it."""
+    return give_up_ms > 0 and len(times_ms) >= 2 and min(times_ms[-2:]) > give_up_ms
+
+
 def iterations_for(estimate_ms: float, target_ms: float, min_iters: int, max_iters: int) -> int:
     if estimate_ms <= 0:
         return max_iters

@@ -23,6 +23,8 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   within ``settle_tol``): kernels that hold a GPU at its power limit are fast at first and
   slower once the clock falls, and a median taken in that transition depends on where the
   window falls (``docs/timing.md``). ``Timing.warmup_ms`` says how long the warm-up took.
+  With ``give_up_ms`` set (the judge sets it to its bound for a hopeless candidate), the
+  warm-up ends as soon as two calls in a row each took longer: nothing more is timed.
 * The number of timed calls is chosen so that they add up to ``target_ms`` (between
   ``min_iters`` and ``max_iters``). The result is the median, with the interquartile range
   over the median as spread.
@@ -47,7 +49,8 @@ from typing import Any, Callable
 from cuda_agent.core.types import Timing
 
 from .. import native
-from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc, settled, window_calls
+from .base import (After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc, past_give_up, settled,
+                   window_calls)
 
 
 def _device(device: Any):
@@ -128,6 +131,7 @@ class CudaEventsProfiler(TwoPhaseProfiler):
         keep_samples: int = 200
         settle_ms: float = 1500.0  # longest extra warm-up waiting for per-call times to level off
         settle_tol: float = 0.005
+        give_up_ms: float = 0.0  # >0: the warm-up stops once two calls in a row each take longer
 
     # -- the two halves of a timing (a judge drives them separately) ------------------
 
@@ -222,6 +226,9 @@ class CudaEventsProfiler(TwoPhaseProfiler):
             off = len(warm) % k
             warm.extend(measure(calls[off:] + calls[:off], m))
             elapsed = clock() - t_start
+            if past_give_up(warm, o.give_up_ms):  # hopeless: timed no further
+                first = None
+                break
             if len(warm) >= max(o.warmup_iters, 1000):  # very fast calls: enough
                 break
             if len(warm) < o.warmup_iters or elapsed < o.warmup_ms:

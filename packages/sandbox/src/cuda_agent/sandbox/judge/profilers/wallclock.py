@@ -8,7 +8,7 @@ from typing import Any
 
 
 from .. import native
-from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc
+from .base import After, Prepare, ProfilerError, TimingRun, TwoPhaseProfiler, no_gc, past_give_up
 
 
 class WallclockProfiler(TwoPhaseProfiler):
@@ -25,6 +25,7 @@ class WallclockProfiler(TwoPhaseProfiler):
         max_iters: int = 1000
         flush_bytes: int = 0  # >0: write this many bytes between calls to evict CPU caches
         keep_samples: int = 200
+        give_up_ms: float = 0.0  # >0: the warm-up stops once two calls in a row each take longer
 
     def begin(self, fn: Any, input_sets: list, device: Any = None) -> TimingRun:
         """Warm-up (and a first estimate of one call), timed by the compiled loop's clock."""
@@ -41,6 +42,8 @@ class WallclockProfiler(TwoPhaseProfiler):
             off = i % k
             times.append(mod.run_loop(calls[off:] + calls[:off], 1)[1][0])
             i += 1
+            if past_give_up(times, o.give_up_ms):  # hopeless: timed no further
+                break
             if i >= 10 * max(o.warmup_iters, 1) and mod.host_ms() - t_start >= o.warmup_ms / 4:
                 break
         # the median of the latest calls: one call descheduled on a busy host is not the estimate
