@@ -239,3 +239,91 @@ def test_a_candidate_due_before_its_baselines_job_started_takes_it_over(tmp_path
     finally:
         judge.close()
         ex.close()
+
+
+# --- a candidate process killed from outside the judge -------------------------------------
+
+
+class _Killer:
+    """SIGKILLs, from outside the judge, the candidate processes that hold a file named
+    ``marker`` open (``times``: how many of them, one after the other)."""
+
+    def __init__(self, marker: str, times: int):
+        import threading
+
+        self.marker, self.left, self.killed = marker, times, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _holds_marker(self, pid: str) -> bool:
+        import os
+
+        try:
+            return any(self.marker in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        import os
+        import signal
+        import time
+
+        while self.left > 0 and not self._stop.is_set():
+            for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+                if int(pid) not in self.killed and self._holds_marker(pid):
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        continue
+                    self.killed.append(int(pid))
+                    self.left -= 1
+                    break
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _marked_relu(marker: str) -> str:
+    # holds a file open (how the killer finds its process) and takes a while per call
+    return hooked_relu_new(f"_mark = open('/tmp/{marker}', 'w')", "time.sleep(0.02)")
+
+
+def test_a_candidate_process_killed_from_outside_is_judged_again_once(tmp_path: Path):
+    import uuid
+
+    from cuda_agent.sandbox.executors import CpuExecutor
+    from cuda_agent.sandbox.judge.client import KILLED_OUTSIDE
+
+    marker = f"killme-{uuid.uuid4().hex}"
+    ws = make_workspace(tmp_path, model_new=_marked_relu(marker))
+    root, cache = Path(ws.root), tmp_path / "cache"
+    ex = CpuExecutor()
+    judge = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline"), ex, backend="cpu")
+    try:
+        killer = _Killer(marker, times=1)
+        try:
+            p = judge.profile(root)
+        finally:
+            killer.stop()
+        assert len(killer.killed) == 1
+        # the first run lost its process to a SIGKILL the judge did not send: not a verdict
+        assert p.ok, p.message
+        assert "killed" in p.metadata["run_again_because"] and "did not send" in p.metadata["run_again_because"]
+        assert KILLED_OUTSIDE not in p.metadata
+        # killed every time: the second run's crash stands (one run again, never more)
+        killer = _Killer(marker, times=10)
+        try:
+            v, p = judge.evaluate(root, {"seed": 3}, _profile_options(cache), split=False)
+        finally:
+            killer.stop()
+        assert len(killer.killed) == 2
+        failed = p if v.ok else v
+        assert failed is not None and not failed.ok and failed.failure is FailureCategory.CRASH, failed
+        assert "did not send" in failed.message and failed.metadata[KILLED_OUTSIDE]
+        assert "run_again_because" in failed.metadata
+    finally:
+        judge.close()
+        ex.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -36,15 +37,19 @@ from . import identity, wire
 from .tensors import close_all as _close
 
 START_TIMEOUT = 180.0
+# the metadata key of a result whose candidate process was ended by a SIGKILL the judge did
+# not send (see CandidateProcess._died); the pipeline runs such a job once more
+KILLED_OUTSIDE = "candidate_killed_outside"
 
 
 class CandidateProcessError(CudaAgentError):
     """The candidate process died, hung or broke the protocol. ``reason``: ``crash``,
     ``timeout`` or ``protocol``."""
 
-    def __init__(self, message: str, reason: str = "crash"):
+    def __init__(self, message: str, reason: str = "crash", killed_outside: str = ""):
         super().__init__(message)
         self.reason = reason
+        self.killed_outside = killed_outside  # why the end was not the candidate's doing, as far as seen
 
 
 class CandidateProcess:
@@ -66,6 +71,8 @@ class CandidateProcess:
         self._spawn(identity.pidns_wanted(self.device))
 
     def _spawn(self, pidns: bool) -> None:
+        self.killed_by_judge = False  # set when this side ends the process (kill, close)
+        self._oom_kills = host_oom_kills()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         cfg = {"fd": theirs.fileno(), "device": self.device}
@@ -133,7 +140,14 @@ class CandidateProcess:
         rc = self.proc.poll()
         last = [ln for ln in self.tail(6).splitlines() if ln.strip()]
         why = describe_exit(rc) if rc is not None else "crashed: closed its channel"
-        return CandidateProcessError(f"the candidate process {why}" + (f"; it printed: {last[-1][:300]}" if last else ""))
+        outside = ""
+        if rc == -signal.SIGKILL and not self.killed_by_judge:
+            oom = host_oom_kills()
+            outside = "the judge did not send that SIGKILL (" + (
+                "the host's out-of-memory killer ran meanwhile)" if oom > self._oom_kills >= 0 else
+                "the host's out-of-memory killer, an operator or the candidate itself did)")
+        return CandidateProcessError(f"the candidate process {why}" + (f"; {outside}" if outside else "")
+                                     + (f"; it printed: {last[-1][:300]}" if last else ""), killed_outside=outside)
 
     def _recv(self, timeout: float | None, what: str) -> tuple[dict, list[int]]:
         try:
@@ -231,6 +245,7 @@ class CandidateProcess:
     def kill(self) -> None:
         from ..isolation.sandboxes.sweeps import reap
 
+        self.killed_by_judge = True
         reap(self.proc)
 
     def close(self) -> dict:
@@ -297,6 +312,19 @@ def _why_not_fork() -> str:
     if others:
         return f"threads running: {', '.join(sorted(others)[:3])}"
     return ""
+
+
+def host_oom_kills() -> int:
+    """How many processes the kernel's out-of-memory killer has ended on this host since it
+    started (``oom_kill`` in /proc/vmstat; -1 where that is not known)."""
+    try:
+        with open("/proc/vmstat") as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
 
 
 def _devnull() -> Any:

@@ -351,8 +351,7 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 if tampered is not None:
                     return refused(tampered)
             except CandidateProcessError as exc:
-                r = refusal_from_error(exc, "ModelNew failed while being timed")
-                return fail(r.category, r.message)
+                return refused(refusal_from_error(exc, "ModelNew failed while being timed"))
     unsteady = _unsteady(o.trust_spread, candidate=cand_timing, eager=eager, compile=comp)
     if unsteady:
         meta["unsteady"] = unsteady

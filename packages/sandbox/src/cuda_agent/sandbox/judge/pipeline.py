@@ -36,6 +36,7 @@ from cuda_agent.core.types import CandidateOutcome, CompileResult, FailureCatego
 
 from ..compilers import DEFAULT_COMPILER
 from ..executors.job import Job, JobError
+from .client import KILLED_OUTSIDE
 
 _TASKS = "cuda_agent.sandbox.judge.tasks:"
 VERIFY_JOB = _TASKS + "verify"
@@ -415,14 +416,20 @@ class Judge:
 
     def _run_job(self, kind: str, fn: str, root: Path, options: dict, timeout: float | None, result: type) -> Any:
         """The job's result, or a failed ``result`` (VerifyResult, ProfileResult) saying why it did not return."""
-        t0 = time.monotonic()
-        job = Job(fn, {"workspace": str(root), "options": dict(options)}, kind=kind, timeout=timeout,
-                  label=Path(root).name)
-        try:
-            return self.executor.submit(job).result()
-        except JobError as exc:
-            return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
-                          metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
+        first = None
+        for _ in range(2):
+            t0 = time.monotonic()
+            job = Job(fn, {"workspace": str(root), "options": dict(options)}, kind=kind, timeout=timeout,
+                      label=Path(root).name)
+            try:
+                r = self.executor.submit(job).result()
+            except JobError as exc:
+                return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                              metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
+            if first is not None or not _killed_outside(r):
+                return _after_rerun(r, first)
+            first = r  # its process was killed from outside the judge: the job runs once more
+        return r
 
     def verify(self, root: Path, c: CompileResult | None = None, options: dict | None = None,
                prebuilt: bool = True) -> VerifyResult:
@@ -483,15 +490,23 @@ class Judge:
             "verify_options": dict(o.verify_options if verify_options is None else verify_options),
             "profile_options": dict(o.profile_options if profile_options is None else profile_options)},
             kind="evaluate", timeout=timeout, label=Path(root).name)
-        t0 = time.monotonic()
-        try:
-            v, p = self.executor.submit(j).result()
-            _note_ahead(ahead, p)
-        except JobError as exc:
-            if split:
-                return None
-            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
-                                metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]}), None
+        first = None
+        for _ in range(2):
+            t0 = time.monotonic()
+            try:
+                v, p = self.executor.submit(j).result()
+                _note_ahead(ahead, p)
+            except JobError as exc:
+                if split:
+                    return None
+                return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                                    metadata={"reason": exc.reason, "device": exc.device,
+                                              "details": exc.details[-3000:]}), None
+            if first is not None or not (_killed_outside(v) or _killed_outside(p)):
+                break
+            first = p if _killed_outside(p) else v  # killed from outside the judge: the job runs once more
+            j = dataclasses.replace(j, id=Job(j.fn).id)  # a job of its own
+        v, p = _after_rerun(v, first), _after_rerun(p, first)
         self._learn(root, p)
         return v, p
 
@@ -662,6 +677,21 @@ class Judge:
                 if r is not None and isinstance(r.metadata, dict):
                     r.metadata["prebuild"] = dict(info)
         return outcome
+
+
+def _killed_outside(r: Any) -> bool:
+    """Whether the job ``r`` came from lost its candidate process to a SIGKILL the judge did
+    not send (:data:`.client.KILLED_OUTSIDE`): not a verdict on the candidate."""
+    return r is not None and not getattr(r, "ok", True) and bool((getattr(r, "metadata", None) or {}).get(KILLED_OUTSIDE))
+
+
+def _after_rerun(r: Any, first: Any) -> Any:
+    """``r``, from a job run again because ``first`` lost its candidate process (None: not
+    run again), says so in its metadata. A candidate killed from outside twice keeps the crash:
+    a candidate that kills itself gains nothing."""
+    if first is not None and r is not None and isinstance(getattr(r, "metadata", None), dict):
+        r.metadata["run_again_because"] = f"the first run's candidate process was killed: {first.message}"[:600]
+    return r
 
 
 def _note_ahead(ahead: str, r: Any) -> None:

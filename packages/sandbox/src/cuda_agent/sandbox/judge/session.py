@@ -337,5 +337,8 @@ def _msg(v: Any) -> str:
 
 
 def refusal_from_error(err: CandidateProcessError, what: str) -> Refusal:
+    from .client import KILLED_OUTSIDE
+
     cat = FailureCategory.TIMEOUT if err.reason == "timeout" else FailureCategory.CRASH
-    return Refusal(cat, f"{what}: {err}")
+    extra = {KILLED_OUTSIDE: err.killed_outside} if getattr(err, "killed_outside", "") else {}
+    return Refusal(cat, f"{what}: {err}", extra)

@@ -145,6 +145,10 @@ class Verification:
     def refused(self, r: Any, check: str = "") -> VerifyResult:
         """The verdict on a refusal ``r`` (a category and a message), recorded as the failed
         check ``check`` where one is named."""
+        from .client import KILLED_OUTSIDE
+
+        if getattr(r, "extra", {}).get(KILLED_OUTSIDE):
+            self.meta[KILLED_OUTSIDE] = r.extra[KILLED_OUTSIDE]
         return self.failed_check(check, r.category, r.message) if check else self.result(False, r.category, r.message)
 
     def failed_check(self, name: str, failure: FailureCategory, text: str, message: str = "") -> VerifyResult:
