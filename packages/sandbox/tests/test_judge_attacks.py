@@ -342,7 +342,7 @@ def test_processes_a_candidate_starts_end_with_its_job(executor, ws):
 def test_a_candidate_cannot_signal_or_read_other_processes(executor, ws, tmp_path):
     # a process of another job's user, and the trusted worker (root)
     other = subprocess.Popen(["sleep", "120"],
-                             user=JOB_UID_BASE - 10, group=JOB_UID_BASE - 10)  # another identity than this job's
+                             user=58990, group=58990)  # another identity than this job's (no build's or job's)
     trusted = next(iter(executor.pool.worker_pids().values()))[0]
     probe = textwrap.dedent(f'''
         import os

@@ -149,7 +149,7 @@ def test_snapshots_copy_regular_files_and_refuse_links(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sweeping another user's processes needs root")
 def test_a_job_users_processes_are_swept_also_in_new_sessions():
-    uid = identity.JOB_UID_BASE - 20  # not a job's id: this test's own
+    uid = 58980  # below the builds' (59000..) and the jobs' (60000..) user ids: this test's own
     proc = subprocess.Popen(["sh", "-c", "setsid sleep 300 & sleep 300"], user=uid, group=uid, cwd="/")
     try:
         for _ in range(100):

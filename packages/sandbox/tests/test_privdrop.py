@@ -329,3 +329,48 @@ def test_the_harness_folders_are_in_the_jobs_view(tmp_path):
     portions = [os.path.abspath(p) for p in cuda_agent.__path__]
     assert portions and all(p in exposed for p in portions), (portions, sorted(exposed))
     assert all(not rw for p, rw in privdrop._expose_paths(tmp_path) if p in portions)  # read-only
+
+
+def test_a_drop_without_a_workspace_user_leases_its_job_user_held_by_a_root_process(tmp_path):
+    """A process that drops to a fallback job user (a dataset check, a task's model check)
+    holds that user id as a job does: a file lock that no job's lease can take while the
+    process lives, held by a root child of its own, not by a descriptor the dropped code has."""
+    import fcntl
+    import subprocess
+    import time
+
+    from cuda_agent.sandbox.isolation.sandboxes.uids import lock_dir
+
+    code = ("import os, sys, time\n"
+            "from cuda_agent.sandbox.isolation import privdrop\n"
+            "uid = privdrop.fallback_uid()\n"
+            "os.setgid(uid)\n"
+            "os.setuid(uid)  # as the drop does: the holder is root, this process no longer\n"
+            "def link(f):\n"
+            "    try:\n"
+            "        return os.readlink(f'/proc/self/fd/{f}')\n"
+            "    except OSError:\n"
+            "        return ''\n"
+            "print(uid, any('uid-' in link(f) for f in os.listdir('/proc/self/fd')), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        uid, holds = proc.stdout.readline().split()
+        uid = int(uid)
+        assert JOB_UID_BASE <= uid < JOB_UID_BASE + JOB_UID_COUNT and holds == "False"
+        with open(lock_dir() / f"uid-{uid}.lock", "a") as f:
+            with pytest.raises(BlockingIOError):  # leased: no job gets this user id
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            proc.kill()
+            proc.wait(10)
+            deadline = time.monotonic() + 10
+            while True:  # the holder ends with the process, and the user id is free again
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the lease outlived its process"
+                    time.sleep(0.05)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        proc.kill()

@@ -74,10 +74,6 @@ class ToolView:
     scratch_mb: int = 2048
 
 
-def lock_dir() -> Path:
-    return Path(os.environ.get("CUDA_AGENT_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "cuda-agent-locks"))
-
-
 def why_not_jailed() -> str:
     """"" when tools run in the jail, else why not."""
     if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
@@ -101,7 +97,7 @@ class Lease:
     """A build user id no other run holds (a file lock), with its processes swept at the end."""
 
     def __init__(self) -> None:
-        from ..isolation.sandboxes.uids import UidLease
+        from ..isolation.sandboxes.uids import UidLease, lock_dir
 
         self._lease = UidLease(Path(f"build-{uuid.uuid4().hex}"), BUILD_UID_BASE, BUILD_UID_COUNT, lock_dir())
         self.uid = self.gid = self._lease.uid

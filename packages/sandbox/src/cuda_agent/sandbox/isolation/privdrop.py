@@ -9,8 +9,9 @@ which turns the process, irreversibly, into an unprivileged user:
   (``.cuda_agent/sandbox_user.json``, written as root by the sandbox's layout), so the
   candidate reads the workspace as the agent does and can change no more than the agent
   can (protected files are root-owned and read-only);
-* otherwise a dedicated fixed user id of the worker's device, from :data:`FALLBACK_UID`
-  (60000..60999, no files of its own; see :func:`fallback_uid`).
+* otherwise a user id of its own from the jobs' range (:data:`FALLBACK_UID`, 60000..60999,
+  no files of its own), leased as a job's is, so that no candidate process of a job and no
+  other dropped process has it while this one lives (see :func:`fallback_uid`).
 
 The workspace stays reachable through a directory handle opened before the drop
 (``/proc/self/fd/N``), so folders on the way to it that the user may not enter (a
@@ -44,7 +45,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +96,56 @@ def workspace_user(workspace: str | Path) -> tuple[int, int] | None:
     return (uid, gid) if uid > 0 and gid > 0 else None
 
 
+_fallback: int | None = None
+
+
 def fallback_uid() -> int:
-    """The fixed job user of this worker's device: jobs on different devices (which run at
-    the same time) get different users, so one candidate cannot signal another's process."""
-    label = os.environ.get("CUDA_AGENT_WORKER_DEVICE", "")
-    return FALLBACK_UID + zlib.crc32(label.encode()) % FALLBACK_COUNT
+    """This process's own job user: leased from the jobs' range through the same file locks
+    as a job's (:class:`cuda_agent.sandbox.judge.identity.JobIdentity`), so no process of
+    another job has it, and what a crashed earlier holder left running is killed first. The
+    lock is held by a root process of its own (:func:`_hold`) that ends with this one: code
+    run after the drop cannot let it go."""
+    global _fallback
+    if _fallback is None:
+        import uuid
+
+        from .sandboxes.sweeps import sweep_uid
+        from .sandboxes.uids import UidLease, lock_dir
+
+        lease = UidLease(Path(f"drop-{uuid.uuid4().hex}"), FALLBACK_UID, FALLBACK_COUNT, lock_dir())
+        sweep_uid(lease.uid, lease.gid)
+        _hold(lease)
+        _fallback = lease.uid
+    return _fallback
+
+
+def _hold(lease: Any) -> None:
+    """Hand ``lease``'s lock to a child that keeps it while this process lives, and close
+    this process's descriptor of it. The child watches its parent's end itself (a pidfd):
+    the parent-death signal of a parent that gave up root would not reach a root child."""
+    import select
+    import time
+
+    fd = lease._f.fileno()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the holder: root, only the lock's descriptor, ends when its parent does
+        try:
+            os.closerange(0, fd)
+            os.closerange(fd + 1, 1 << 16)
+            try:
+                watch = os.pidfd_open(parent)
+            except (AttributeError, OSError):
+                watch = None
+            while os.getppid() == parent:
+                if watch is not None:
+                    select.select([watch], [], [])  # readable once the parent has ended
+                else:
+                    time.sleep(0.5)
+        finally:
+            os._exit(0)
+    lease._f.close()
+    lease._f = None
 
 
 def switched_off() -> bool:

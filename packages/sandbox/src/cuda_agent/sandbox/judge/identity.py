@@ -17,13 +17,13 @@ import ctypes
 import os
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..isolation.forked_child import ForkedChild
+from ..isolation.sandboxes.uids import lock_dir
 
 JOB_UID_BASE = 60000
 JOB_UID_COUNT = 1000
@@ -32,8 +32,6 @@ _CLONE_NEWPID = 0x20000000
 
 
 
-def lock_dir() -> Path:
-    return Path(os.environ.get("CUDA_AGENT_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "cuda-agent-locks"))
 
 
 class JobIdentity:

@@ -6,10 +6,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
+import tempfile
 import threading
 from pathlib import Path
 
 from .results import SandboxError
+
+
+def lock_dir() -> Path:
+    """Where the file locks of the jobs' and builds' user ids live (``CUDA_AGENT_LOCK_DIR``,
+    else ``cuda-agent-locks`` in the temporary folder): one folder for every process of the host."""
+    return Path(os.environ.get("CUDA_AGENT_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "cuda-agent-locks"))
 
 
 _leases: dict[str, list] = {}  # workspace -> [lease, sessions using it] (one uid per workspace)
