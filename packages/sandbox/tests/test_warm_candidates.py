@@ -192,3 +192,22 @@ def test_a_candidate_process_is_forked_only_from_a_clean_job_worker(monkeypatch)
         busy.join()
     monkeypatch.setenv(client.FORK_ENV, "0")
     assert client._why_not_fork() == "switched off"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a device whose CUDA does not start (this host has CUDA)")
+def test_a_process_warmed_in_a_thread_is_not_started_again_there_when_cuda_refuses_its_pid_namespace(
+        tmp_path, monkeypatch):
+    """A process forked by the warming thread would die with that thread (its parent-death
+    signal follows the forking thread): where CUDA does not start in a PID namespace, the
+    warm-up fails and the job starts its own process, outside one."""
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))  # the refusal is remembered there
+    assert identity.pidns_wanted("cuda:0")
+    proc = client.CandidateProcess("cuda:0")
+    proc.warm(background=True)
+    assert not proc.wait_warm()
+    # refused, not started again in the thread (that one would say it failed to start)
+    assert "CUDA does not start in a PID namespace" in proc.warm_error and not proc.alive()
+    assert not identity.pidns_wanted("cuda:0") and identity.pidns_wanted("cpu")
+    inbox = proc.inbox
+    proc.close()  # as the job's claim does with a process that is not warm
+    assert inbox is not None and not inbox.exists()

@@ -109,6 +109,10 @@ class CandidateProcess:
             identity.pidns_refused(self.device, why)
             self.kill()
             self.sock.close()
+            if threading.current_thread() is not threading.main_thread():
+                # a process forked here would die with this thread (its parent-death signal
+                # follows the forking thread): the job starts its own, outside a PID namespace
+                raise CandidateProcessError(f"CUDA does not start in a PID namespace of its own here ({why})")
             self._spawn(False)
             self.isolation["pid_namespace"] = f"host PID namespace (CUDA does not start in one of its own here: {why})"
             msg, fds = self._recv(self._start_timeout, "start")
