@@ -253,6 +253,11 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                "job_started": str((v.metadata or {}).get("job_started", "")),
                "compile_s": float(pm.get("compile_seconds") or 0.0), "baselines_ahead": pm.get("baselines_ahead", ""),
                "profile_phases": dict(pm.get("phase_seconds") or {}), "verify_phases": dict(phases),
+               # where a timing's time goes: its loops (calls, trusted wall, reported, own work) and attempts
+               "timing_loops": [{k: lp.get(k) for k in ("calls", "wall_ms", "reported_ms", "overhead_ms")}
+                                for lp in pm.get("timing_loops") or [] if isinstance(lp, dict)],
+               "timing_attempts": getattr(p.candidate, "attempts", None) if p and p.ok and p.candidate else None,
+               "timing_stopped": bool(pm.get("timing_stopped")), "run_again": bool(pm.get("run_again_because")),
                "t_start": t0 - t_start, "t_end": t0 - t_start + wall}
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
@@ -369,6 +374,30 @@ def profile_phase_lines(r: dict) -> list[str]:
     return out
 
 
+def timing_loop_lines(r: dict) -> list[str]:
+    """Per level, what the honest candidates' timings did: attempts, timed calls per loop, and
+    a loop's trusted wall time against the time its calls reported (medians)."""
+    out = []
+    for level in sorted({row["task"].split("/", 1)[0] for row in r["rows"]}):
+        sel = [x for x in r["rows"] if x["task"].startswith(level + "/") and x.get("kind", "honest") == "honest"
+               and x.get("timing_loops")]
+        if not sel:
+            continue
+        loops = [lp for x in sel for lp in x["timing_loops"]]
+
+        def m(key: str) -> float:
+            xs = [float(lp[key]) for lp in loops if isinstance(lp.get(key), (int, float))]
+            return statistics.median(xs) if xs else 0.0
+
+        attempts = [x["timing_attempts"] for x in sel if isinstance(x.get("timing_attempts"), int)]
+        out.append(f"{r['path']}: {level} timings ({len(sel)}): loops per timing "
+                   f"{statistics.median(len(x['timing_loops']) for x in sel):g}, attempts "
+                   f"{statistics.median(attempts) if attempts else 0:g}; per loop: calls {m('calls'):g}, "
+                   f"trusted wall {m('wall_ms'):.0f} ms, reported {m('reported_ms'):.0f} ms, "
+                   f"own work {m('overhead_ms'):.0f} ms")
+    return out
+
+
 def med(rows, key) -> float:
     xs = [r[key] for r in rows]
     return statistics.median(xs) if xs else 0.0
@@ -438,7 +467,7 @@ def main() -> None:
                                       f"{path}, baselines {when}", cache))
                     summary_row(runs[-1])  # printed as it ends: a call cut later keeps it
                     print(timeline_line(runs[-1]), flush=True)
-                    for line in profile_phase_lines(runs[-1]):
+                    for line in profile_phase_lines(runs[-1]) + timing_loop_lines(runs[-1]):
                         print(line, flush=True)
                     if json_path:
                         json_path.write_text(json.dumps({"runs": runs}, indent=1, default=str))
