@@ -44,7 +44,8 @@ class VerifyOptions:
     # on hosts where that breaks the GPU (CUDA_AGENT_DROP_PRIVILEGES=0 switches it off too)
     drop_privileges: bool = True
     # a candidate whose first call takes more than hopeless_factor times the reference's (and
-    # more than hopeless_min_ms) is checked on that first input set only: the rest would hold
+    # more than hopeless_min_ms) is checked on that first input set only (the extra draws and
+    # the decoy check still run: being slow skips no check of another kind): the rest would hold
     # the GPU for nothing (verify_stopped in the metadata says why; 0: off). A job that then
     # times it and finds its timed calls not hopeless verifies it again in full. The floor is
     # higher than profiling's: a first call also pays the round trip to the candidate's

@@ -19,9 +19,10 @@ The steps (:class:`Verification`, one method each; the first that fails decides)
 and last, the candidate process's integrity check of the harness (:mod:`.integrity`).
 
 A candidate whose first call is hopeless (more than ``hopeless_factor`` times the reference's
-call and more than ``hopeless_min_ms``) is checked on that first input set only (steps 4, 5
-and, with fresh seeds, 7 stop; the rule check of step 6 still runs), and ``verify_stopped``
-says why. The static checks need neither a build nor a GPU: :func:`static_refusal` runs them
+call and more than ``hopeless_min_ms``) is checked on that first input set of step 4 only
+(with fresh seeds, step 7 stops as well: the first draw's weights were this job's own), and
+``verify_stopped`` says why; the checks that look for other failures than more draws of the
+same distribution (steps 5 and 6) still run, so that being slow never skips them. The static checks need neither a build nor a GPU: :func:`static_refusal` runs them
 where the caller is, before anything is built.
 The reference outputs stay referenced while the candidate runs, so their memory can never
 be handed to it.
@@ -304,8 +305,9 @@ class Verification:
         o = self.opts
         extra_log: list[dict] = []
         self.meta["extra_draws"] = extra_log
-        if self.stopped is not None:
-            return None
+        # also for a hopeless candidate: these draws find what other input sets of the same
+        # distribution do not (values past a naive kernel's range), and a check that speed
+        # could skip would pay a wrong kernel for being slow
         extra_seeds = input_seeds(self.seed ^ 0x5A5A5A5A, len(o.extra_draws or []))
         for kind, s in zip(o.extra_draws or [], extra_seeds):
             label = EXTRA_DRAWS[kind][0] if kind in EXTRA_DRAWS else kind
