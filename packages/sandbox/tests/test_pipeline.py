@@ -172,6 +172,10 @@ def test_a_candidate_slow_only_on_its_first_call_is_verified_in_full(tmp_path: P
     v, p = jobs.evaluate_workspace(str(root), "cpu", jobs.VerifyOptions(seed=9), popts)
     assert v.ok and v.metadata["verify_stopped"]["inputs_checked"] == 1
     assert p.ok and "timed no further" in p.metadata["timing_stopped"]["why"] and p.candidate.median_ms >= 700
+    # its calls in verification (the first, the extra draws') were past the bound already: no
+    # candidate call in the profile (no load, no warm-up), never judged from one call
+    assert p.metadata["timing_stopped"]["from"] == "verification" and len(v.metadata["verify_stopped"]["later_calls_ms"]) == 2
+    assert not {"load", "timing", "overhead"} & set(p.metadata["phase_seconds"]) and p.candidate.iterations == 2
 
 
 def test_the_eager_time_for_timeouts_is_read_from_the_baseline_cache(tmp_path: Path):

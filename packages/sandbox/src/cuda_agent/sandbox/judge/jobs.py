@@ -193,10 +193,13 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
 
 
 def profile_workspace(workspace: str, device: str, options: ProfileOptions | None = None,
-                      baselines: dict | None = None, session: Any = None) -> ProfileResult:
+                      baselines: dict | None = None, session: Any = None,
+                      known_calls_ms: list[float] | None = None) -> ProfileResult:
     """Time ``<workspace>/model_new.py`` with baselines from the cache (or ``baselines``,
-    from :func:`prepare_baselines`)."""
-    return profile_candidate(workspace, device, _profile_opts(options), baselines=baselines, session=session)
+    from :func:`prepare_baselines`). ``known_calls_ms``: the trusted clock's times of the
+    candidate's latest calls in this job's verification (see :func:`hopeless_calls`)."""
+    return profile_candidate(workspace, device, _profile_opts(options), baselines=baselines, session=session,
+                             known_calls_ms=known_calls_ms)
 
 
 def profile_file(candidate: str, reference: str, device: str, options: ProfileOptions | None = None,
@@ -209,7 +212,7 @@ def profile_file(candidate: str, reference: str, device: str, options: ProfileOp
 
 def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, candidate: str | Path | None = None,
                       reference: str | Path | None = None, baselines: dict | None = None,
-                      session: Any = None) -> ProfileResult:
+                      session: Any = None, known_calls_ms: list[float] | None = None) -> ProfileResult:
     """Time the candidate against its baselines. The baselines and every check run here;
     the candidate runs and is timed in its own process (:mod:`cuda_agent.sandbox.judge`), and what it reports is
     checked by :class:`~.judge.timing.CandidateTimer`. ``session``: a
@@ -222,15 +225,37 @@ def profile_candidate(workspace: str | Path, device: str, o: ProfileOptions, can
         session = JudgeSession(ws, cand_path, ref_path, device, drop=o.drop_privileges)
     res = None
     try:
-        res = _profile(session, ws, cand_path, ref_path, device, o, baselines)
+        res = _profile(session, ws, cand_path, ref_path, device, o, baselines, known_calls_ms)
         return res
     finally:
         if own:
             session.close_into(res)
 
 
+def hopeless_calls(calls_ms: list[float] | None, eager: Any, o: ProfileOptions) -> tuple[Any, dict] | None:
+    """The timing of a candidate whose two latest calls in this job's verification (on the
+    trusted clock, less the output's transfer) each took longer than the give-up bound
+    (``hopeless_factor`` times eager, and over ``hopeless_min_ms``), and why it is timed no
+    further; None when they did not (it is then timed, its warm-up stopping at that bound)."""
+    from .profilers.base import past_give_up, summarize
+    from .timing import give_up_bound
+
+    if not calls_ms or len(calls_ms) < 2 or eager is None or eager.median_ms <= 0 or o.hopeless_factor <= 0:
+        return None
+    bound = give_up_bound((eager.median_ms, o.hopeless_factor, o.hopeless_min_ms))
+    calls = [float(x) for x in calls_ms[-2:]]
+    if not past_give_up(calls, bound):
+        return None
+    t = summarize(calls, "trusted clock, its calls in verification (timed no further)", 2)
+    t.attempts = 0
+    ratio = t.median_ms / eager.median_ms
+    return t, {"ratio_vs_eager": round(ratio, 2), "limit": o.hopeless_factor, "from": "verification",
+               "why": f"its calls in verification took {calls[0]:.4g} and {calls[1]:.4g} ms, {ratio:.1f}x eager's "
+                      f"{eager.median_ms:.4g} ms (more than {o.hopeless_factor:g}x): timed no further"}
+
+
 def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: str, o: ProfileOptions,
-             baselines: dict | None) -> ProfileResult:
+             baselines: dict | None, known_calls_ms: list[float] | None = None) -> ProfileResult:
     import torch
 
     from .client import CandidateProcessError
@@ -258,6 +283,9 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
     def refused(r: Any, **kw) -> ProfileResult:
         meta.update(r.extra)
         return fail(r.category, r.message, **kw)
+
+    def succeeded(cand_timing: Any) -> ProfileResult:
+        return _profiled(cand_timing, eager, comp, meta, session, o, prof_name, host_paths, device, seed, t0)
 
     bad_file = session.refused_files()
     if bad_file:
@@ -288,6 +316,10 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                 meta.update(bmeta)
             except Exception as exc:
                 return fail(FailureCategory.CRASH, f"baseline measurement failed: {short_exc(exc)}")
+        known = hopeless_calls(known_calls_ms, eager, o)
+        if known is not None:  # two calls past the bound already: no candidate call here
+            meta["timing_stopped"] = known[1]
+            return succeeded(known[0])
         timer = CandidateTimer(session, loaded.ref_model, ref_mod.get_inputs, device, o.atol, o.rtol)
         with precision_context(policy) as flags, timing_threads(device, o.cpu_threads) as threads:
             meta["precision_flags"] = flags
@@ -352,6 +384,12 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                     return refused(tampered)
             except CandidateProcessError as exc:
                 return refused(refusal_from_error(exc, "ModelNew failed while being timed"))
+    return succeeded(cand_timing)
+
+
+def _profiled(cand_timing: Any, eager: Any, comp: Any, meta: dict, session: Any, o: ProfileOptions, prof_name: str,
+              host_paths: tuple, device: str, seed: int, t0: float) -> ProfileResult:
+    """The result of a profile job whose candidate was timed (or found hopeless)."""
     unsteady = _unsteady(o.trust_spread, candidate=cand_timing, eager=eager, compile=comp)
     if unsteady:
         meta["unsteady"] = unsteady
@@ -477,12 +515,23 @@ def evaluate_workspace(workspace: str, device: str, vopts: VerifyOptions, popts:
             if isinstance(v.metadata, dict):
                 v.metadata.update({f"job_{k}": x for k, x in ended.items()})
                 v.metadata["baselines_measured"] = "after verification, with no candidate process alive (not in the cache)"
-        p = profile_workspace(workspace, device, popts, baselines=baselines, session=session)
+        p = profile_workspace(workspace, device, popts, baselines=baselines, session=session,
+                              known_calls_ms=_verification_calls(v))
         if _stopped(v, "verify_stopped") and not (getattr(p, "ok", False) and _stopped(p, "timing_stopped")):
             v, p = full_verification(workspace, device, vopts, v, p, session)
         return v, p
     finally:
         session.close_into(v, p)
+
+
+def _verification_calls(v: Any) -> list[float] | None:
+    """A hopeless candidate's calls in verification (its first, then those of the extra draws),
+    on the trusted clock less the output's transfer; None when verification went on."""
+    st = (getattr(v, "metadata", None) or {}).get("verify_stopped")
+    if not isinstance(st, dict) or not st.get("later_calls_ms"):
+        return None
+    moved = float(st.get("output_transfer_ms") or 0.0)
+    return [float(x) - moved for x in [st["candidate_ms"], *st["later_calls_ms"]]]
 
 
 def full_verification(workspace: str, device: str, vopts: VerifyOptions, partial: Any, p: Any,
