@@ -416,20 +416,24 @@ class Judge:
 
     def _run_job(self, kind: str, fn: str, root: Path, options: dict, timeout: float | None, result: type) -> Any:
         """The job's result, or a failed ``result`` (VerifyResult, ProfileResult) saying why it did not return."""
-        first = None
-        for _ in range(2):
-            t0 = time.monotonic()
-            job = Job(fn, {"workspace": str(root), "options": dict(options)}, kind=kind, timeout=timeout,
-                      label=Path(root).name)
-            try:
-                r = self.executor.submit(job).result()
-            except JobError as exc:
-                return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
-                              metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
-            if first is not None or not _killed_outside(r):
-                return _after_rerun(r, first)
-            first = r  # its process was killed from outside the judge: the job runs once more
-        return r
+        t0 = time.monotonic()
+        job = Job(fn, {"workspace": str(root), "options": dict(options)}, kind=kind, timeout=timeout,
+                  label=Path(root).name)
+        try:
+            r, first = self._submit(job, _killed_outside)
+        except JobError as exc:
+            return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                          metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
+        return _after_rerun(r, first)
+
+    def _submit(self, job: Job, killed: Any) -> tuple[Any, Any]:
+        """``job``'s result, and None; or, when ``killed(result)`` (its candidate process was
+        killed from outside the judge), the result of the job run once more, and the first
+        one. A JobError is raised."""
+        r = self.executor.submit(job).result()
+        if not killed(r):
+            return r, None
+        return self.executor.submit(dataclasses.replace(job, id=Job(job.fn).id)).result(), r
 
     def verify(self, root: Path, c: CompileResult | None = None, options: dict | None = None,
                prebuilt: bool = True) -> VerifyResult:
@@ -490,22 +494,17 @@ class Judge:
             "verify_options": dict(o.verify_options if verify_options is None else verify_options),
             "profile_options": dict(o.profile_options if profile_options is None else profile_options)},
             kind="evaluate", timeout=timeout, label=Path(root).name)
-        first = None
-        for _ in range(2):
-            t0 = time.monotonic()
-            try:
-                v, p = self.executor.submit(j).result()
-                _note_ahead(ahead, p)
-            except JobError as exc:
-                if split:
-                    return None
-                return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
-                                    metadata={"reason": exc.reason, "device": exc.device,
-                                              "details": exc.details[-3000:]}), None
-            if first is not None or not (_killed_outside(v) or _killed_outside(p)):
-                break
-            first = p if _killed_outside(p) else v  # killed from outside the judge: the job runs once more
-            j = dataclasses.replace(j, id=Job(j.fn).id)  # a job of its own
+        t0 = time.monotonic()
+        try:
+            (v, p), first = self._submit(j, lambda vp: _killed_outside(vp[0]) or _killed_outside(vp[1]))
+            _note_ahead(ahead, p)
+        except JobError as exc:
+            if split:
+                return None
+            return VerifyResult(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
+                                metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]}), None
+        if first is not None:  # the run whose process was killed, for the note
+            first = first[1] if _killed_outside(first[1]) else first[0]
         v, p = _after_rerun(v, first), _after_rerun(p, first)
         self._learn(root, p)
         return v, p
