@@ -202,6 +202,9 @@ BEFORE = {"judge": {"refusals_first": False, "timeouts_from_cache": False},
           "verify": {"hopeless_factor": 0.0}, "profile": {"defer_baselines": False}}
 
 
+PARTIAL: Path | None = None  # where score() keeps the rows of the run in progress
+
+
 def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules: str, mode: str = "",
           cache: str = "") -> dict:
     from cuda_agent.evaluation.scoring import make_workspace, remove_workspace
@@ -253,6 +256,8 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                "job_started": str((v.metadata or {}).get("job_started", "")),
                "compile_s": float(pm.get("compile_seconds") or 0.0), "baselines_ahead": pm.get("baselines_ahead", ""),
                "profile_phases": dict(pm.get("phase_seconds") or {}), "verify_phases": dict(phases),
+               "timing_phases": dict(pm.get("timing_phase_seconds") or {}),
+               "baseline_cost": dict(pm.get("baseline_cost") or {}),
                # where a timing's time goes: its loops (calls, trusted wall, reported, own work) and attempts
                "timing_loops": [{k: lp.get(k) for k in ("calls", "wall_ms", "reported_ms", "overhead_ms")}
                                 for lp in pm.get("timing_loops") or [] if isinstance(lp, dict)],
@@ -262,10 +267,16 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
         row["waiting"] = max(0.0, wall - row["build_step"] - row["verify"] - row["profile"])
         with lock:
             rows.append(row)
+            if PARTIAL:  # a call cut short keeps every finished row
+                PARTIAL.write_text(json.dumps({"path": tag, "rows": rows}, default=str))
         sp = "" if row["speedup_vs_eager"] is None else f"{row['speedup_vs_eager']:.2f}x eager "
         print(f"  [{tag}] {task.id}: {'correct' if row['ok'] else row['failure']} {sp}wall {wall:.1f}s "
               f"build {row['build']:.1f}s load {row['load']:.1f}s verify {row['verify']:.1f}s "
               f"profile {row['profile']:.1f}s {row['message'][:100]}", flush=True)
+        if row["baseline_cache"] == "miss":  # what measuring the task's baselines in this job cost
+            print(f"  [{tag}] {task.id} baselines measured in the job: {row['baseline_s']:.1f}s, compile "
+                  f"{row['compile_s']:.1f}s, {json.dumps(row['baseline_cost'])}; profile phases "
+                  f"{json.dumps(row['profile_phases'])}; timing {json.dumps(row['timing_phases'])}", flush=True)
         if kind != "honest":  # how the judge bounded it
             print(f"  [{tag}] {task.id} ({kind}): " + json.dumps({k: x for k, x in {
                 "verify_stopped": vm.get("verify_stopped"), "timing_stopped": pm.get("timing_stopped"),
@@ -371,6 +382,12 @@ def profile_phase_lines(r: dict) -> list[str]:
                            key=lambda k: -statistics.median(x[key].get(k, 0.0) for x in sel))
             parts = ", ".join(f"{k} {statistics.median(x[key].get(k, 0.0) for x in sel):.2f}" for k in names)
             out.append(f"{r['path']}: {level} {job} ({label}, {len(sel)}), median s per phase: {parts}")
+        timed = [x for x in honest if x.get("timing_phases")]
+        if timed:  # inside the profiles' timing phase
+            names = sorted({k for x in timed for k in x["timing_phases"]},
+                           key=lambda k: -statistics.median(x["timing_phases"].get(k, 0.0) for x in timed))
+            parts = ", ".join(f"{k} {statistics.median(x['timing_phases'].get(k, 0.0) for x in timed):.2f}" for k in names)
+            out.append(f"{r['path']}: {level} timing phase ({len(timed)}), median s: {parts}")
     return out
 
 
@@ -444,6 +461,8 @@ def main() -> None:
         ap.error(f"--passes takes fresh, cached or both, not {args.passes!r}")
     runs = []
     json_path = out_dir / "bench_judge_throughput.json" if out_dir else None
+    global PARTIAL
+    PARTIAL = out_dir / "bench_judge_partial.json" if out_dir else None
     if compare:  # each path from an empty baseline cache, then with the one it filled
         warm = 0.0
         for path in (x for x in paths if x in ("before", "after")):

@@ -211,3 +211,53 @@ def test_a_process_warmed_in_a_thread_is_not_started_again_there_when_cuda_refus
     inbox = proc.inbox
     proc.close()  # as the job's claim does with a process that is not warm
     assert inbox is not None and not inbox.exists()
+
+
+def test_a_standby_process_waits_without_cuda_until_a_job_needs_a_second_process(job_process, tmp_path, monkeypatch):
+    """A job that ends its candidate process to measure baselines (evaluate, baselines not
+    cached) takes the worker's standby for the timing: forked with the worker, its imports
+    done, nothing started before the job activates it, then the job's own user like any."""
+    import select
+
+    from cuda_agent.sandbox.judge import jobs
+    from cuda_agent.sandbox.judge.baselines import BaselineCache
+
+    monkeypatch.setattr(client, "_standby", None)
+    standby = client.CandidateProcess("cpu", standby=True)
+    client._standby = standby
+    try:
+        # forked and importing, but it says nothing (no "ready", no device context) until activated
+        readable, _, _ = select.select([standby.sock], [], [], 3.0)
+        assert readable == [] and standby.alive() and standby._ready is None
+        ws = workspace(tmp_path, MODEL.replace("class Model", "class ModelNew"))
+        cache = tmp_path / "cache"
+        popts = jobs.ProfileOptions(baseline_cache_dir=str(cache), compile_baseline=False, attempts=1,
+                                    profiler_options={"warmup_ms": 1.0, "target_ms": 5.0, "min_iters": 5})
+        v, p = jobs.evaluate_workspace(str(ws), "cpu", jobs.VerifyOptions(seed=5, rules="none"), popts)
+        assert v.ok and p is not None and p.ok, (v.message, p.message if p else None)
+        assert "after verification" in v.metadata["baselines_measured"] and len(BaselineCache(cache)) == 1
+        # verified in a process started for the job, timed in the standby, now the job's user
+        assert p.metadata["candidate_process"].startswith("standby"), p.metadata["candidate_process"]
+        assert standby.identity is not None and p.metadata["uid"] == standby.identity.uid
+        assert standby.closed and client._standby is None
+        assert identity.processes_of(standby.identity.uid) == []
+        # no standby left: the next such job starts its second process itself
+        ws2 = workspace(tmp_path, MODEL.replace("class Model", "class ModelNew"))
+        (ws2 / "model.py").write_text(MODEL.replace("x * 2", "x * 2 + 0"))  # another task: not cached
+        v, p = jobs.evaluate_workspace(str(ws2), "cpu", jobs.VerifyOptions(seed=5, rules="none"), popts)
+        assert v.ok and p.ok and p.metadata["candidate_process"].startswith("started for the job"), p.metadata
+    finally:
+        standby.close()
+
+
+def test_a_standby_never_activated_ends_with_its_worker(job_process, monkeypatch):
+    monkeypatch.setattr(client, "_standby", None)
+    client.prestart("cpu")  # on the CPU a worker keeps no standby: a fork at need costs nothing there
+    assert client._standby is None
+    standby = client.CandidateProcess("cpu", standby=True)
+    client._standby = standby
+    assert client.standby_for("cuda:0") is None and standby.closed  # another device: ended, not handed on
+    spare = client.CandidateProcess("cpu", standby=True)
+    client._standby = spare
+    client.shutdown()
+    assert spare.closed and not spare.alive() and client._standby is None

@@ -145,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
 
         settle_torch()
         native.timing()
+        if cfg.get("standby"):  # forked ahead, imports done: the CUDA context waits for a job
+            try:
+                msg, fds = wire.recv(sock)
+            except wire.WireError:
+                return 0
+            for fd in fds:
+                os.close(fd)
+            if msg.get("op") != "start":
+                return 0
         dev = torch.device(st.device)
         if dev.type == "cuda":
             from ..isolation.hostlock import device_quiet

@@ -53,8 +53,12 @@ class CandidateProcessError(CudaAgentError):
 
 
 class CandidateProcess:
-    def __init__(self, device: str = "cpu", start_timeout: float = START_TIMEOUT):
+    def __init__(self, device: str = "cpu", start_timeout: float = START_TIMEOUT, standby: bool = False):
         self.device = str(device)
+        # a standby imports and then waits for :meth:`activate` before it makes its CUDA
+        # context (a worker forks it ahead, while it has no context of its own; see standby_for)
+        self.standby = standby
+        self._activated = not standby
         self.identity: identity.JobIdentity | None = None
         self.isolation: dict[str, Any] = {}
         self.used = False
@@ -75,7 +79,7 @@ class CandidateProcess:
         self._oom_kills = host_oom_kills()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
-        cfg = {"fd": theirs.fileno(), "device": self.device}
+        cfg = {"fd": theirs.fileno(), "device": self.device, "standby": not self._activated}
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.pop("CUDA_AGENT_JOB_PROCESS", None)
@@ -97,9 +101,21 @@ class CandidateProcess:
 
     # -- the process ----------------------------------------------------------------
 
+    def activate(self) -> None:
+        """A standby goes on with its start: it makes its CUDA context (under the device's
+        quiet lock) and says it is ready; nothing for a process that was no standby."""
+        if self._activated or self.closed:
+            return
+        self._activated = True
+        try:
+            wire.send(self.sock, {"op": "start"})
+        except OSError:
+            raise self._died() from None
+
     def wait_ready(self) -> None:
         if self._ready is not None:
             return
+        self.activate()
         msg, fds = self._recv(self._start_timeout, "start")
         _close(fds)
         if msg.get("op") != "ready" and self._pidns and (msg.get("error") or {}).get("cuda_init"):
@@ -338,6 +354,7 @@ def _devnull() -> Any:
 # --- one per worker, started ahead of its first job ---------------------------------------------
 
 _prestarted: CandidateProcess | None = None
+_standby: CandidateProcess | None = None  # a second one, for a job that needs a new process
 _spent = False
 
 
@@ -348,9 +365,13 @@ def prestart(device: str = "cpu") -> None:
     process to be ready (it makes its CUDA context under the device's quiet lock, so no
     context is made while a timing runs there; its imports take no lock); the drop ahead of
     the job then runs alongside the worker."""
-    global _prestarted
+    global _prestarted, _standby
     if _prestarted is None:
         _prestarted = CandidateProcess(device)
+        if str(device).startswith("cuda") and _standby is None:
+            # forked now, before this worker's CUDA context and the warming thread: a job that
+            # ends its candidate process and needs a new one (see standby_for) takes it
+            _standby = CandidateProcess(device, standby=True)
         if str(device).startswith("cuda"):
             _prestarted.wait_ready()
         _prestarted.warm(background=True)
@@ -373,6 +394,27 @@ def claim(device: str, drop: bool = True) -> CandidateProcess | None:
     return None
 
 
+def standby_for(device: str) -> CandidateProcess | None:
+    """This worker's standby candidate process for a job on ``device`` that needs a second
+    process (a job that ended its first to measure baselines), now that job's: forked when
+    the worker started, its imports done, no CUDA context and no candidate code yet. It is
+    activated here, so that its CUDA context is made while the job does other work (the
+    context waits for the device's quiet lock: never while a timing runs). None when there
+    is none that fits (it is then ended)."""
+    global _standby
+    p, _standby = _standby, None
+    if p is None:
+        return None
+    if p.device == str(device) and not p.closed and p.alive():
+        try:
+            p.activate()
+            return p
+        except CandidateProcessError:
+            pass
+    p.close()
+    return None
+
+
 def after_job() -> str | None:
     """The reason this worker must not serve another job (its candidate process is spent)."""
     if _spent:
@@ -381,7 +423,8 @@ def after_job() -> str | None:
 
 
 def shutdown() -> None:
-    global _prestarted
-    if _prestarted is not None:
-        _prestarted.close()
-        _prestarted = None
+    global _prestarted, _standby
+    for p in (_prestarted, _standby):
+        if p is not None:
+            p.close()
+    _prestarted = _standby = None

@@ -436,6 +436,11 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
             meta[k] = rec[k]
     if "cpu_threads" in rec:
         meta["baseline_cpu_threads"] = rec["cpu_threads"]
+    if not rec.get("cached"):  # what the measurement cost: its timings' attempts and calls
+        meta["baseline_cost"] = {f"{name}_{k}": getattr(t, k) for name, t in (("eager", eager), ("compile", comp))
+                                 if t is not None for k in ("attempts", "iterations", "warmup_ms")}
+        if rec.get("timing_mode"):
+            meta["baseline_cost"]["timing_mode"] = str(rec["timing_mode"])[:200]
     if o.report_tf32_baselines and torch.device(device).type == "cuda":
         te, tc, trec = measure_baselines_record(model_code, device, _baseline_opts(o, device, TF32.key), cache,
                                                model=model, init_inputs=init_inputs)

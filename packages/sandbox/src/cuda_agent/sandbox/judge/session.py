@@ -23,7 +23,7 @@ from typing import Any
 from cuda_agent.core.types import FailureCategory
 
 from . import snapshot, tensors
-from .client import CandidateProcess, CandidateProcessError, claim
+from .client import CandidateProcess, CandidateProcessError, claim, standby_for
 
 
 @dataclass
@@ -115,7 +115,10 @@ class JudgeSession:
     def _take_process(self) -> None:
         """The warm candidate process claimed for this job, else one started now (the
         metadata's ``candidate_process`` says which, and why)."""
-        if self.proc is not None and self.proc.wait_warm():
+        if self.proc is not None and self.proc.standby and not self.proc.closed and self.proc.alive():
+            self.meta["candidate_process"] = ("standby (forked with the job's worker; its CUDA context made "
+                                              "while this job went on)")
+        elif self.proc is not None and self.proc.wait_warm():
             self.meta["candidate_process"] = "warm (the job's user and namespaces made ahead of the job)"
         else:
             why = "none was waiting" if self.proc is None else (self.proc.warm_error or "it had ended")
@@ -285,12 +288,17 @@ class JudgeSession:
 
     def end_candidate(self) -> dict:
         """End the candidate process (every process of its user killed and checked) and keep
-        the snapshot: the next :meth:`load` starts a new process on the same files."""
+        the snapshot: the next :meth:`load` takes a new process for the same files (the
+        worker's standby when it has one, see :func:`.client.standby_for`; else one started
+        then)."""
         info: dict = {}
         if self.proc is not None:
             info = self.proc.close()
             self.meta.update({f"job_{k}": v for k, v in info.items()})
             self.proc = None
+        # the worker's standby, if it has one, goes on with its start at once: it makes its CUDA
+        # context while this job goes on (no candidate code runs in it before the next load)
+        self.proc = standby_for(self.device)
         self.started = False
         self.loaded, self.loaded_seed, self.load_reply = False, None, {}
         return info

@@ -38,6 +38,7 @@ from typing import Any
 from cuda_agent.core.types import FailureCategory, Timing
 
 from . import rotation
+from .phases import PhaseClock
 from .session import Refusal
 
 # unaccounted wall time allowed on a GPU: a share of the reported time and of the loop's own
@@ -284,6 +285,8 @@ class CandidateTimer:
         self._rotations: dict[int, Any] = {}
         self.threads: int | None = None
         self.full = False  # checksums with the non-finite fingerprint (the reference is not finite)
+        # where a timing's time goes: warm-up, the loop's own work, timed loops, checksum checks
+        self.clock = PhaseClock(self.meta.setdefault("timing_phase_seconds", {}))
 
     # -- the trusted side's own copies ---------------------------------------------------
 
@@ -364,7 +367,7 @@ class CandidateTimer:
             options = {**options, "give_up_ms": bound}
         warm_msg = {"op": "warm", "profiler": name, "options": options, "graph": graph,
                     "sets": self.set_seeds, "cpu_threads": cpu_threads}
-        with hostlock.timing():
+        with self.clock("warm_up"), hostlock.timing():
             warm = self.s._request(warm_msg, self.timeout)
         if not warm.get("ok"):
             if warm.get("profiler_error"):
@@ -394,7 +397,8 @@ class CandidateTimer:
             return t, None
         n = prof.iterations(max(estimate, 0.0))
         if self._profiler is not None:  # again, now that the loop's length is known
-            self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
+            with self.clock("own_work"):
+                self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
         best: Timing | None = None
         best_charge: dict | None = None
         made = 0
@@ -403,7 +407,7 @@ class CandidateTimer:
         charged_again = False
         while made < max(1, int(attempts)):
             seed = secrets.randbits(62)
-            with hostlock.timing():
+            with self.clock("loops"), hostlock.timing():
                 c0 = self._job_cpu()
                 t0 = _now_ms()
                 reply = self.s._request({"op": "loop", "n": n, "seed": seed, "full": self.full}, self.timeout)
@@ -430,7 +434,8 @@ class CandidateTimer:
                 # less that estimate; an H200 charged samples divided by 8 7% short of the honest
                 # kernel's time, with an estimate 3% above the other jobs')
                 charged_again = True
-                self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
+                with self.clock("own_work"):
+                    self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
                 why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
             wall_info["calls"] = n
             loops.append(wall_info)
@@ -448,7 +453,8 @@ class CandidateTimer:
             else:
                 suspect = 0
             was_full = self.full
-            bad = self._check_sums(seed, sums, n)
+            with self.clock("checksums"):
+                bad = self._check_sums(seed, sums, n)
             if bad is not None:
                 return None, bad
             if self.full and not was_full:
