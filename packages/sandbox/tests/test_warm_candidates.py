@@ -261,3 +261,27 @@ def test_a_standby_never_activated_ends_with_its_worker(job_process, monkeypatch
     client._standby = spare
     client.shutdown()
     assert spare.closed and not spare.alive() and client._standby is None
+
+
+def test_a_standby_that_dies_on_its_way_up_leaves_the_job_a_process_started_for_it(job_process, tmp_path, monkeypatch):
+    import signal
+
+    from cuda_agent.sandbox.judge import jobs, session as session_mod
+
+    monkeypatch.setattr(client, "_standby", None)
+    client._standby = client.CandidateProcess("cpu", standby=True)
+    real = client.standby_for
+
+    def dying(device: str):
+        p = real(device)
+        os.kill(p.proc.pid, signal.SIGKILL)  # activated, then gone before it said it was ready
+        p.proc.wait()
+        return p
+
+    monkeypatch.setattr(session_mod, "standby_for", dying)
+    ws = workspace(tmp_path, MODEL.replace("class Model", "class ModelNew"))
+    popts = jobs.ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), compile_baseline=False, attempts=1,
+                                profiler_options={"warmup_ms": 1.0, "target_ms": 5.0, "min_iters": 5})
+    v, p = jobs.evaluate_workspace(str(ws), "cpu", jobs.VerifyOptions(seed=5, rules="none"), popts)
+    assert v.ok and p is not None and p.ok, (v.message, p.message if p else None)
+    assert p.metadata["candidate_process"].startswith("started for the job (the worker's standby")

@@ -115,13 +115,22 @@ class JudgeSession:
     def _take_process(self) -> None:
         """The warm candidate process claimed for this job, else one started now (the
         metadata's ``candidate_process`` says which, and why)."""
-        if self.proc is not None and self.proc.standby and not self.proc.closed and self.proc.alive():
+        standby_failed = ""
+        if self.proc is not None and self.proc.standby:
+            try:
+                self.proc.wait_ready()
+            except CandidateProcessError as exc:  # a new process is started for the job instead
+                standby_failed = f"the worker's standby failed to start: {exc}"
+            if not standby_failed and not self.proc.alive():
+                standby_failed = "the worker's standby had ended"
+        if self.proc is not None and self.proc.standby and not standby_failed:
             self.meta["candidate_process"] = ("standby (forked with the job's worker; its CUDA context made "
                                               "while this job went on)")
-        elif self.proc is not None and self.proc.wait_warm():
+        elif self.proc is not None and not self.proc.standby and self.proc.wait_warm():
             self.meta["candidate_process"] = "warm (the job's user and namespaces made ahead of the job)"
         else:
-            why = "none was waiting" if self.proc is None else (self.proc.warm_error or "it had ended")
+            why = "none was waiting" if self.proc is None else (
+                standby_failed or self.proc.warm_error or "it had ended")
             if self.proc is not None:
                 self.proc.close()
             self.meta["candidate_process"] = f"started for the job ({why})"[:300]
