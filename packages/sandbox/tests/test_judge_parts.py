@@ -249,3 +249,56 @@ def test_a_caught_loop_is_charged_against_the_smallest_estimate_of_the_loops_own
     # the floor never decides whether a loop is caught: an honest report stays uncharged
     why, info = timing.cpu_check([kernel] * n, cpu, generous, 1, 1, own_floor_ms=0.5 * floor)
     assert not why and "unaccounted_ms" not in info
+
+
+def test_the_own_work_measured_once_the_candidate_is_warm_is_sized_by_time_and_mode(monkeypatch):
+    """Once the candidate is warm the loop's own work is measured again for about
+    OWN_TARGET_MS (a GB output checksummed costs milliseconds a call: 30 calls, not the timed
+    loop's 82 three times over), in the plain mode only; the mode that synchronises every
+    call keeps its estimate from before the load until a loop runs in it."""
+    import contextlib
+
+    from cuda_agent.sandbox.isolation import hostlock
+    from cuda_agent.sandbox.judge import timing
+    from cuda_agent.sandbox.judge.profilers import get_profiler
+
+    timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
+    timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
+    timer.reference_at = lambda i, j: torch.ones(4)
+    timer.pristine = lambda s: [torch.ones(4)]
+    timer.overhead = {"plain": 15.0, "sync_each": 16.0, "fixed": 1.0}
+    timer.own_floor = dict(timer.overhead)
+    assert timer.own_calls(82) == timing.NULL_CALLS  # 15 ms a call: 30 calls are 450 ms already
+    timer.overhead["plain"] = 0.1
+    assert timer.own_calls(82) == 82 and timer.own_calls(5000) == timing.OWN_CALLS  # small calls: as before
+    timer.overhead["plain"] = 15.0
+    seen = []
+
+    def fake(*a, **k):
+        seen.append((a[4], a[7]))
+        return {"plain": 14.0, "fixed": 0.8} if "plain" in a[7] else {"sync_each": 17.0}
+
+    monkeypatch.setattr(timing, "loop_overhead_ms", fake)
+    monkeypatch.setattr(hostlock, "timing", contextlib.nullcontext)
+
+    class Profiler:
+        begin = loop = None
+
+    timer.measure_overhead(Profiler(), keep=min, calls=timer.own_calls(82), modes=("plain",))
+    assert seen[-1] == (timing.NULL_CALLS, ("plain",))
+    assert timer.overhead == {"plain": 14.0, "sync_each": 16.0, "fixed": 0.8}  # sync_each kept
+    timer.measure_overhead(Profiler(), keep=min, calls=30, modes=("sync_each",))
+    assert timer.overhead["sync_each"] == 16.0 and timer.own_floor["sync_each"] == 16.0  # the smaller stands
+    # a first measurement (nothing known yet) always measures every mode
+    timer.overhead, timer.own_floor = {}, {}
+    timer.measure_overhead(Profiler(), modes=("sync_each",))
+    assert seen[-1][1] == timing.MODES
+
+    # the real measurement on the CPU: only the modes asked for
+    monkeypatch.undo()
+    prof = get_profiler("wallclock", {"warmup_ms": 0.0, "target_ms": 2.0, "min_iters": 3})
+    sets, ref = [[torch.ones(256)]], torch.ones(256)
+    plain = timing.loop_overhead_ms(prof, sets, ref, "cpu", 12, modes=("plain",))
+    assert set(plain) == {"plain", "fixed", "cpu", "cpu_fixed"} and plain["plain"] >= 0.0
+    both = timing.loop_overhead_ms(prof, sets, ref, "cpu", 12)
+    assert {"plain", "sync_each", "fixed"} <= set(both)

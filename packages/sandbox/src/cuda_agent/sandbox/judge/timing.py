@@ -30,6 +30,7 @@ is bounded by ``W`` from above only, and the metadata says so.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import replace
@@ -66,6 +67,11 @@ FIXED_OWN = ("fixed", "cpu_fixed")  # the own work's per-loop parts; the others 
 # calls' sum, so time moved from most calls into a few is still paid for, less at most this
 SKEW = 0.03
 NULL_CALLS = 30
+# the null loop measured once the candidate is warm runs about this long (at least NULL_CALLS
+# calls, at most OWN_CALLS and the timed loop's length): a loop whose own work is milliseconds a
+# call (an output of GB checksummed) is measured as precisely in fewer calls
+OWN_TARGET_MS = 250.0
+MODES = ("plain", "sync_each")  # a timed loop's modes, each with its own cost per call
 RULE_WALL = "timing.wall-clock"
 RULE_CHECKSUM = "timing.checksum"
 
@@ -94,7 +100,7 @@ def quick(profiler: Any) -> Any:
 
 
 def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls: int = NULL_CALLS,
-                     get_inputs: Any = None, full: bool = False) -> dict:
+                     get_inputs: Any = None, full: bool = False, modes: tuple[str, ...] = MODES) -> dict:
     """The cost of a timed loop's untimed work, on this side: the profiler's loop over a call
     that returns a ready output (on the CPU a fresh one per call, whose release after the call
     costs what releasing a kernel's output does), with the same making of inputs over the
@@ -102,7 +108,8 @@ def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls
     candidate process makes it) and the same checksums (``full``: with the non-finite
     fingerprint), run for a few calls and for ``calls`` calls. Returns ``{"fixed": ms per
     loop, "plain": ms per call, "sync_each": ms per call, "cpu": CPU ms per call, "cpu_fixed":
-    CPU ms per loop}`` (``sync_each`` for loops that synchronise every call)."""
+    CPU ms per loop}`` (``sync_each`` for loops that synchronise every call). ``modes``: which
+    of the loop's modes to measure (``plain`` gives the per-loop and CPU figures too)."""
     import torch
 
     work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in p] for p in sets]
@@ -159,12 +166,14 @@ def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls
     few = max(2, calls // 6)
     unaccounted(prof, run, few)  # first calls of the rotation and checksum paths
     out: dict[str, float] = {}
-    for mode in ("plain", "sync_each"):
+    for mode in (m for m in MODES if m in modes):
         if mode == "sync_each":
             if not hasattr(prof.options, "sync_each"):
-                out[mode] = out["plain"]
-                break
-            prof = type(prof)(replace(prof.options, sync_each=True))
+                if "plain" in out:
+                    out[mode] = out["plain"]
+                    break
+            else:
+                prof = type(prof)(replace(prof.options, sync_each=True))
         short, long_ = min(unaccounted(prof, run, few) for _ in range(2)), unaccounted(prof, run, calls)
         out[mode] = max(0.0, (long_ - short) / (calls - few))
         if mode == "plain":
@@ -316,15 +325,25 @@ class CandidateTimer:
 
     _profiler: Any = None
 
+    def own_calls(self, n: int) -> int:
+        """Calls of the null loop measured once the candidate is warm, for a timed loop of
+        ``n`` calls (see :data:`OWN_TARGET_MS`)."""
+        most = min(n, OWN_CALLS)
+        per = self.overhead.get("plain", 0.0)
+        if per > 0:
+            most = min(most, max(NULL_CALLS, math.ceil(OWN_TARGET_MS / per)))
+        return most
+
     def measure_overhead(self, profiler: Any, keep: Any = None, calls: int = NULL_CALLS,
-                         rise_per_call: float = 0.0) -> None:
+                         rise_per_call: float = 0.0, modes: tuple[str, ...] = MODES) -> None:
         """The loop's own cost, measured here (``keep``: ``min`` or ``max``, how a new
         measurement is combined with the one before). It is measured before the candidate is
         loaded and again once it is warm, keeping the smaller (another process starting on
         the host inflates either; a candidate can only inflate the second), and measured again
         after a loop that failed the clock check: on the CPU backend keeping the larger (the host
         was busy while the loop ran) but at most ``rise_per_call`` ms a call above the one before,
-        on a GPU the smaller (the charge can only grow)."""
+        on a GPU the smaller (the charge can only grow). ``modes``: the loop modes measured
+        (see :func:`loop_overhead_ms`); the others keep their last estimate."""
         if not all(hasattr(profiler, a) for a in ("begin", "loop")):
             return
         from ..isolation import hostlock
@@ -338,15 +357,15 @@ class CandidateTimer:
         with hostlock.timing():
             sets = [self.pristine(s) for s in range(len(self.set_seeds))]
             new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS), self.get_inputs,
-                                   self.full)
+                                   self.full, modes if self.overhead else MODES)
         # every measurement's smallest: what a loop caught by the clock check is charged against
-        self.own_floor = {k: min(v, self.own_floor.get(k, v)) for k, v in new.items()}
+        self.own_floor = {**self.own_floor, **{k: min(v, self.own_floor.get(k, v)) for k, v in new.items()}}
         if keep is not None and self.overhead:
             new = {k: keep(v, self.overhead.get(k, v)) for k, v in new.items()}
             if keep is max:  # a busy host's estimate counts up to a bound: past it, the loop is charged
                 new = {k: min(v, self.overhead.get(k, v) + (0.0 if k in FIXED_OWN else rise_per_call))
                        for k, v in new.items()}
-        self.overhead = new
+        self.overhead = {**self.overhead, **new}
         self.meta["loop_overhead_ms"] = {k: round(v, 5) for k, v in self.overhead.items()}
 
     # -- one timing -------------------------------------------------------------------------
@@ -396,9 +415,11 @@ class CandidateTimer:
             t.attempts = 0
             return t, None
         n = prof.iterations(max(estimate, 0.0))
-        if self._profiler is not None:  # again, now that the loop's length is known
+        if self._profiler is not None:  # again, now that the loop's length is known; the mode that
+            # synchronises every call only once a loop runs in it (the estimate before the load stands till then)
             with self.clock("own_work"):
-                self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
+                self.measure_overhead(self._profiler, keep=min, calls=self.own_calls(n), modes=("plain",))
+        sync_measured = False
         best: Timing | None = None
         best_charge: dict | None = None
         made = 0
@@ -418,6 +439,10 @@ class CandidateTimer:
             samples, sums, info = self._read_loop(reply, n)
             if samples is None:
                 return None, Refusal(FailureCategory.CRASH, "the candidate process sent malformed timings")
+            if info.get("sync_each") and not sync_measured and self._profiler is not None:
+                sync_measured = True  # that mode's own work, now that a loop ran in it
+                with self.clock("own_work"):
+                    self.measure_overhead(self._profiler, keep=min, calls=self.own_calls(n), modes=("sync_each",))
             why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
             if why and self._profiler is not None and self._on_cpu:
                 # the host may have been busy (on the CPU: memory shared with other work makes the
@@ -435,7 +460,7 @@ class CandidateTimer:
                 # kernel's time, with an estimate 3% above the other jobs')
                 charged_again = True
                 with self.clock("own_work"):
-                    self.measure_overhead(self._profiler, keep=min, calls=min(n, OWN_CALLS))
+                    self.measure_overhead(self._profiler, keep=min, calls=self.own_calls(n))
                 why, wall_info = self._clock_check(samples, info, wall, c0, c1, n)
             wall_info["calls"] = n
             loops.append(wall_info)
