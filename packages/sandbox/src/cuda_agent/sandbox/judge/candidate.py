@@ -55,14 +55,23 @@ def commands() -> dict[str, Callable[..., Any]]:
             "whole": do_whole, "outputs": do_outputs, "integrity": do_integrity, "prebuild": do_prebuild}
 
 
+def _next(sock: socket.socket) -> dict | None:
+    """The trusted side's next command (descriptors sent with it closed), or None once it
+    has closed the socket or broken the protocol."""
+    try:
+        msg, fds = wire.recv(sock)
+    except wire.WireError:
+        return None
+    for fd in fds:
+        os.close(fd)
+    return msg
+
+
 def serve(sock: socket.socket, st: CandidateState) -> int:
     while True:
-        try:
-            msg, fds = wire.recv(sock)
-        except wire.WireError:
+        msg = _next(sock)
+        if msg is None:
             return 0
-        for fd in fds:
-            os.close(fd)
         op = msg.get("op")
         if op == "exit":
             return 0
@@ -146,13 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         settle_torch()
         native.timing()
         if cfg.get("standby"):  # forked ahead, imports done: the CUDA context waits for a job
-            try:
-                msg, fds = wire.recv(sock)
-            except wire.WireError:
-                return 0
-            for fd in fds:
-                os.close(fd)
-            if msg.get("op") != "start":
+            msg = _next(sock)
+            if msg is None or msg.get("op") != "start":
                 return 0
         dev = torch.device(st.device)
         if dev.type == "cuda":
