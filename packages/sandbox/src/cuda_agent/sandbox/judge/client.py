@@ -15,6 +15,12 @@ copied into it (:mod:`.session` takes its snapshot there). A job takes it with
 :func:`claim` (or :func:`obtain`). A worker whose candidate process served a job serves no
 other (:func:`after_job`): the next job gets a fresh pair, and a process of that job's user
 never outlives its job (:meth:`CandidateProcess.close`).
+
+A GPU worker also forks a *standby* before its CUDA context (:func:`standby_for`): its imports
+done, it waits with no CUDA context and no candidate code for a job that ends its first
+candidate process and needs another (a job that measures baselines after verification). A
+process the worker started then, with a CUDA context of its own, could not be forked, and
+starting one anew cost 4-7 s of the GPU slot.
 """
 
 from __future__ import annotations
