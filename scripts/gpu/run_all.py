@@ -56,7 +56,7 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "gpu_tests": ([], 300, "the test suite's GPU-marked tests", 1),
     "ipc_probe": (["--verify"], 240, "issue 31: CUDA outputs reach the trusted process in device memory; L1/30's 6.4 GB verified", 1),
     "bench_judge_throughput": (["--n", "24", "--levels", "1,2", "--paths", "after", "--passes", "fresh",
-                                "--work", "/tmp/bench-judge-work"], 560,
+                                "--work", "/root/bench-work"], 560,
                                "issue 31: candidates per minute per GPU, GPU busy, phase and timing-loop medians", 1),
     "bench_compare": ([], 120, "issue 31: verification's compare phase on a 6.4 GB output, and where its time goes", 1),
     "bench_trainer_vs_trl": ([], 240, "issue 22: our GRPO step vs TRL's GRPOTrainer, same tiny bf16 policy and batch", 1),
