@@ -38,6 +38,7 @@ def test_one_place_names_each_backends_default_compiler():
 # --- cheap refusals first, baselines only when needed, hopeless candidates bounded -----------
 
 import sys  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -232,6 +233,10 @@ def test_a_candidate_due_before_its_baselines_job_started_takes_it_over(tmp_path
     judge = Judge(JudgeOptions(profile_options=_profile_options(cache), compile_in="inline"), ex, backend="cpu")
     try:
         busy = ex.submit(Job("cuda_agent.sandbox.executors.selftest:sleep", {"seconds": 3.0}, kind="verify"))
+        deadline = time.monotonic() + 60
+        while ex.pool.queued() and time.monotonic() < deadline:  # the one worker has taken it (a slow
+            time.sleep(0.05)  # host starts its worker late)
+        assert ex.pool.queued() == 0 and not busy.done()
         fut = judge.measure_ahead(root)
         assert fut is not None and not fut.done()  # behind the job that holds the one worker
         assert judge._ahead_settled(root) == "taken over from the job ahead, which had not started"
