@@ -185,6 +185,19 @@ def test_each_input_set_is_given_in_the_tensors_of_the_one_before():
     assert refilled(st, [torch.randn(1, 3).expand(4, 3)])[0] is not wide  # shared memory: fresh tensors
 
 
+def _bare_timer(overhead: dict):
+    """A CandidateTimer with no session: one CPU input set of ones, the loop's own work
+    estimated at ``overhead`` (and as small as that so far)."""
+    from cuda_agent.sandbox.judge import timing
+
+    timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
+    timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
+    timer.reference_at = lambda i, j: torch.ones(4)
+    timer.pristine = lambda s: [torch.ones(4)]
+    timer.overhead = dict(overhead)
+    timer.own_floor = dict(overhead)
+    return timer
+
 def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported_calls(monkeypatch):
     """On the CPU backend the loop's own work is measured again after a failed clock check and
     the larger estimate kept, but only up to OWN_RISE of the loop's mean reported call above the
@@ -195,12 +208,7 @@ def test_a_busy_hosts_own_work_estimate_rises_by_at_most_a_share_of_the_reported
     from cuda_agent.sandbox.isolation import hostlock
     from cuda_agent.sandbox.judge import timing
 
-    timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
-    timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
-    timer.reference_at = lambda i, j: torch.ones(4)
-    timer.pristine = lambda s: [torch.ones(4)]
-    timer.overhead = {"cpu": 1.2, "cpu_fixed": 4.0, "plain": 0.5}
-    timer.own_floor = dict(timer.overhead)
+    timer = _bare_timer({"cpu": 1.2, "cpu_fixed": 4.0, "plain": 0.5})
     measured = {"cpu": 1.8, "cpu_fixed": 9.0, "plain": 0.4}  # the host grew busy
     monkeypatch.setattr(timing, "loop_overhead_ms", lambda *a, **k: dict(measured))
     monkeypatch.setattr(hostlock, "timing", contextlib.nullcontext)
@@ -262,12 +270,7 @@ def test_the_own_work_measured_once_the_candidate_is_warm_is_sized_by_time_and_m
     from cuda_agent.sandbox.judge import timing
     from cuda_agent.sandbox.judge.profilers import get_profiler
 
-    timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
-    timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
-    timer.reference_at = lambda i, j: torch.ones(4)
-    timer.pristine = lambda s: [torch.ones(4)]
-    timer.overhead = {"plain": 15.0, "sync_each": 16.0, "fixed": 1.0}
-    timer.own_floor = dict(timer.overhead)
+    timer = _bare_timer({"plain": 15.0, "sync_each": 16.0, "fixed": 1.0})
     assert timer.own_calls(82) == timing.NULL_CALLS  # 15 ms a call: 30 calls are 450 ms already
     timer.overhead["plain"] = 0.1
     assert timer.own_calls(82) == 82 and timer.own_calls(5000) == timing.OWN_CALLS  # small calls: as before
