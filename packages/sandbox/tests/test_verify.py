@@ -288,3 +288,42 @@ def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_refere
     assert v.ok, v.message
     assert p is not None and p.ok, p.message
     assert p.metadata["spot_check"] == "passed"
+
+
+def test_the_one_pass_comparison_agrees_with_the_full_walk(monkeypatch):
+    """An output within the tolerance everywhere is accepted by a few passes without waiting
+    on each chunk; its error figures equal the full walk's. Anything non-finite on either side
+    (an Inf reference against a finite output included, whose tolerance is Inf too) is left to
+    the full walk, which says where and why."""
+    from cuda_agent.sandbox.judge import comparison
+
+    monkeypatch.setattr(comparison, "CHUNK", 50)  # 9 chunks, the last one short
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(13, 33, generator=g)
+    out = ref + (torch.rand(13, 33, generator=g) - 0.5) * 1e-2
+    fast = comparison.compare_tensors(ref, out, 1e-2, 1e-2, "output")
+    walked = []
+    monkeypatch.setattr(comparison, "_all_within", lambda *a: walked.append(1))
+    slow = comparison.compare_tensors(ref, out, 1e-2, 1e-2, "output")
+    assert walked and fast.ok and slow.ok
+    assert (fast.max_abs_err, fast.max_rel_err) == (slow.max_abs_err, slow.max_rel_err) and fast.max_abs_err > 0
+    monkeypatch.undo()
+    monkeypatch.setattr(comparison, "CHUNK", 50)
+
+    inf, nan = float("inf"), float("nan")
+    cases = [  # (reference value, output value, accepted)
+        (inf, 1.0, False), (1.0, inf, False), (inf, inf, True), (inf, -inf, False),
+        (nan, nan, True), (nan, 1.0, False), (1.0, nan, False), (3e38, -3e38, False),
+    ]
+    for rv, ov, accepted in cases:
+        r, o = ref.clone(), ref.clone()
+        r[7, 20], o[7, 20] = rv, ov
+        assert comparison._all_within(o.reshape(-1), r.reshape(-1), r.numel(), torch.float32, 1e-2, 1e-2) is None
+        got = comparison.compare_tensors(r, o, 1e-2, 1e-2, "output")
+        assert got.ok is accepted, (rv, ov, got.message)
+        if not accepted:
+            assert "(7, 20)" in got.message
+    # a half-precision output is compared in float32, as the full walk compares it
+    h = ref.half()
+    assert comparison._all_within(h.reshape(-1), h.reshape(-1), h.numel(), torch.float32, 0.0, 0.0) == (0.0, 0.0)
+    assert comparison.compare_tensors(h, h.clone(), 0.0, 0.0, "output").ok

@@ -60,6 +60,10 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
     o = out.reshape(-1)
     r = ref.reshape(-1)
     n = r.numel()
+    within = _all_within(o, r, n, work, atol, rtol)
+    if within is not None:
+        vacuous = _vacuous(out, ref, atol, rtol, path, check_dtype) if scaled else None
+        return vacuous or Comparison(True, "", path, *within)
     max_abs = 0.0
     max_rel = 0.0
     chunk = CHUNK
@@ -111,6 +115,36 @@ def compare_tensors(ref: Any, out: Any, atol: float, rtol: float, path: str, che
 CHUNK = 1 << 26  # elements per step of a comparison: its temporaries stay a few hundred MB
 
 
+def _all_within(o: Any, r: Any, n: int, work: Any, atol: float, rtol: float) -> tuple[float, float] | None:
+    """``(max abs err, max rel err)`` when every element of both flat tensors is finite and
+    within the tolerance, else None (then :func:`compare_tensors` looks for the first element
+    that is not, and why). A few passes per chunk and one wait for the device at the end:
+    the full walk makes about thirty passes and waits on every chunk, which on a 6.4 GB
+    output is most of a verification's comparison."""
+    import torch
+
+    if not n:
+        return None
+    floor = max(atol, 1e-12)
+    ok_all = abs_max = rel_max = None
+    for start in range(0, n, CHUNK):
+        oc = o[start : start + CHUNK].to(work)
+        rc = r[start : start + CHUNK].to(work)
+        mag = rc.abs()
+        diff = (oc - rc).abs_()
+        # a non-finite element on either side makes diff inf or NaN: not within
+        ok = (diff <= mag * rtol + atol).logical_and_(torch.isfinite(diff)).all()
+        amax = diff.max()
+        rmax = diff.div_(mag.clamp_min_(floor)).max()
+        ok_all = ok if ok_all is None else ok_all.logical_and(ok)
+        abs_max = amax if abs_max is None else torch.maximum(abs_max, amax)
+        rel_max = rmax if rel_max is None else torch.maximum(rel_max, rmax)
+    if not bool(ok_all):
+        return None
+    a, b = torch.stack([abs_max, rel_max]).tolist()
+    return float(a), float(b)
+
+
 @dataclass
 class FiniteStats:
     """A tensor's finite elements, summed up chunk by chunk (no temporaries of its size)."""
@@ -132,22 +166,25 @@ def finite_stats(t: Any, threshold: float = 0.0) -> FiniteStats:
         t = torch.view_as_real(t)
     flat = t.reshape(-1)
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
-    st = FiniteStats(low=math.inf, high=-math.inf)
+    st = FiniteStats()
     inf = torch.tensor(math.inf, dtype=work, device=flat.device)
+    acc = None  # [count, above] and [low, high, largest], kept on the device until the end
     for start in range(0, flat.numel(), CHUNK):
         c = flat[start : start + CHUNK].to(work)
         fin = torch.isfinite(c)
-        n = int(fin.sum())
-        if not n:
-            continue
         mag = torch.where(fin, c.abs(), torch.zeros((), dtype=work, device=c.device))
-        st.count += n
-        st.low = min(st.low, float(torch.where(fin, c, inf).min()))
-        st.high = max(st.high, float(torch.where(fin, c, -inf).max()))
-        st.largest = max(st.largest, float(mag.max()))
-        st.above += int((mag > threshold).sum())
-    if not st.count:
-        st.low = st.high = 0.0
+        counts = torch.stack([fin.sum(), (mag > threshold).sum()])
+        lo, hi = torch.where(fin, c, inf).min(), torch.where(fin, c, -inf).max()
+        if acc is None:
+            acc = [counts, lo, hi, mag.max()]
+        else:
+            acc = [acc[0] + counts, torch.minimum(acc[1], lo), torch.maximum(acc[2], hi),
+                   torch.maximum(acc[3], mag.max())]
+    if acc is None:
+        return st
+    st.count, st.above = (int(x) for x in acc[0].tolist())
+    if st.count:
+        st.low, st.high, st.largest = (float(x) for x in torch.stack(acc[1:]).tolist())
     return st
 
 
