@@ -325,5 +325,15 @@ def test_the_one_pass_comparison_agrees_with_the_full_walk(monkeypatch):
             assert "(7, 20)" in got.message
     # a half-precision output is compared in float32, as the full walk compares it
     h = ref.half()
-    assert comparison._all_within(h.reshape(-1), h.reshape(-1), h.numel(), torch.float32, 0.0, 0.0) == (0.0, 0.0)
+    assert comparison._all_within(h.reshape(-1), h.reshape(-1), h.numel(), torch.float32, 0.0, 0.0) == (0.0, 0.0, True)
     assert comparison.compare_tensors(h, h.clone(), 0.0, 0.0, "output").ok
+
+    # the pass also says whether the tolerance can see the reference at all, as reference_scale
+    # says; where it cannot (softmax over wide rows), the output is still compared at its scale
+    tiny = torch.rand(13, 33, generator=g) * 1e-4
+    for t, atol in ((ref, 1e-2), (ref, 10.0), (tiny, 1e-2), (tiny, 1e-5)):
+        got = comparison._all_within(t.reshape(-1), t.reshape(-1), t.numel(), torch.float32, atol, 0.0)
+        assert got is not None and got[2] is (comparison.reference_scale(t, atol) is None), (atol, got)
+    assert "constant" in comparison.compare_tensors(tiny, torch.full_like(tiny, 5e-5), 1e-2, 1e-2, "output").message
+    assert "own scale" in comparison.compare_tensors(tiny, tiny.flip(0), 1e-2, 1e-2, "output").message
+    assert comparison.compare_tensors(tiny, tiny * (1 + 1e-4), 1e-2, 1e-2, "output").ok
