@@ -1,9 +1,9 @@
 """What verification's output comparison costs on outputs of KernelBench's sizes, and where
 that time goes.
 
-On an H200 the ``compare`` phase of an L1 verification took 1.2 s (median), on a 6.4 GB
-output compared in device memory: far more than the few passes over 12.8 GB that the rule
-needs (tens of milliseconds at this GPU's bandwidth). This times
+On an H200 the ``compare`` phase of an L1 verification took 1.2 s (median) for its seven
+6.4 GB outputs compared in device memory: far more than the few passes over 12.8 GB each that
+the rule needs (tens of milliseconds at this GPU's bandwidth). This times
 :func:`cuda_agent.sandbox.judge.comparison.compare_tensors` on a reference and a correct
 output of a given shape (a fraction of them nudged within the tolerance), ``--repeat``
 times, then lists the operators that took the time (``torch.profiler``, one more run):
