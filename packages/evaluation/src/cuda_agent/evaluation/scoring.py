@@ -116,7 +116,7 @@ class ScoringOptions:
     profile: bool = True  # time correct candidates (False: correctness only)
     one_job: bool = True  # verify and profile in one job (one worker start, one model load)
     # the judge's options for single files' builds (JudgeOptions fields: prebuild,
-    # build_workers, build_jobs, build_timeout, build_arch, prebuilt_cache)
+    # build_workers, build_jobs, build_timeout, build_arch, prebuilt_cache, torch_header)
     judge: dict = field(default_factory=dict)
     sample_workers: int = 0  # a task's samples judged side by side (0: all of them, up to 8; 1: one after another)
 

@@ -5,6 +5,7 @@
 * :mod:`.buildcache` -- the content-addressed object and library cache, machine-wide job slots;
 * :mod:`.frozen` -- the private copy of a workspace's build inputs a build reads;
 * :mod:`.source_check` -- sources may not make the compiler read files outside the workspace;
+* :mod:`.torch_header` -- a precompiled ``torch/extension.h`` for single files' ``load_inline`` builds;
 * :mod:`.toolchain`, :mod:`.signatures`, :mod:`.diagnostics` -- tools found, binding signatures,
   compiler messages made short.
 

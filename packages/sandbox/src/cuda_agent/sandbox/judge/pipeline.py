@@ -101,6 +101,10 @@ class JudgeOptions:
     build_timeout: float = 600.0
     build_arch: str = ""  # TORCH_CUDA_ARCH_LIST of the target GPU ("" = this host's first GPU, with PTX)
     prebuilt_cache: str = ""  # where builds are kept by key ("" = <tmp>/cuda-agent-prebuilt)
+    # those builds find a precompiled torch/extension.h (made once per torch and compiler, in
+    # the background from the first build on; see cuda_agent.sandbox.compilers.torch_header)
+    torch_header: bool = True
+    torch_header_cache: str = ""  # where it is kept ("" = /var/cache/cuda-agent/torch-header or ~/.cache)
     # once a task's eager time is known (from a profile of one of its candidates), its jobs'
     # timeouts are timeout_floor + calls x eager x hopeless_factor, at most the ones above
     scale_timeouts: bool = True
@@ -183,6 +187,7 @@ class Judge:
         self._compile_pool = compile_executor
         self._own_compile_pool = False
         self._build_pool: Any = None
+        self._torch_header: Any = None
         self._lock = threading.Lock()
         self._arch: str | None = None
         self._eager_ms: dict[str, float] = {}  # task (hash of model.py) -> its eager time, from profiles
@@ -205,6 +210,8 @@ class Judge:
         with self._lock:
             pools = [self._build_pool] + ([self._compile_pool] if self._own_compile_pool else [])
             self._build_pool = None
+            if self._torch_header is not None:
+                self._torch_header.stop()
             if self._own_compile_pool:
                 self._compile_pool = None
         for pool in pools:
@@ -319,6 +326,23 @@ class Judge:
         root = self.options.prebuilt_cache or os.path.join(tempfile.gettempdir(), "cuda-agent-prebuilt")
         return PrebuiltStore(root)
 
+    def torch_header(self) -> tuple[str, str]:
+        """(the folder of the precompiled ``torch/extension.h`` for the builds' ``CPATH``, "")
+        once it is made; else ("", why not), its making started in the background."""
+        if not self.options.torch_header:
+            return "", "off (torch_header: false)"
+        from ..compilers.torch_header import TorchHeader
+
+        with self._lock:
+            if self._torch_header is None:
+                self._torch_header = TorchHeader(self.options.torch_header_cache or None)
+            header = self._torch_header
+        folder, why = header.offer()
+        if not folder:
+            header.start(timeout=max(600.0, self.options.build_timeout))
+            folder, why = header.offer()  # made by another process meanwhile, or switched off
+        return folder, why
+
     def prebuild(self, root: Path, candidate: str = "model_new.py") -> dict:
         """Build the single file ``root/candidate``'s extensions in the build pool (once per
         source and GPU architecture) and place them in the workspace for its GPU job; what
@@ -335,10 +359,13 @@ class Judge:
             return {"built": f"in the GPU job ({candidate} unreadable: {exc})"}
         store = self.prebuilt_store()
         cached = store.has(key)
+        header = ""
         if not cached:
+            header, header_why = self.torch_header()
             job = Job(PREBUILD_JOB, {"workspace": str(root), "options": {
                 "arch": arch, "jobs": self.options.build_jobs, "timeout": self.options.build_timeout,
-                "candidate": candidate}}, kind="prebuild", timeout=self.options.build_timeout + 60, label=Path(root).name)
+                "candidate": candidate, "torch_header": header}}, kind="prebuild",
+                timeout=self.options.build_timeout + 60, label=Path(root).name)
             try:
                 res = self.build_pool().submit(job).result()
             except JobError as exc:
@@ -353,6 +380,8 @@ class Judge:
                "partly ahead: the import without a GPU failed, so the GPU job builds what is missing",
                "seconds": round(time.monotonic() - t0, 3), "build_seconds": info.get("seconds"),
                "cached": cached, "files": info.get("files"), "arch": arch or "cpu"}
+        if not cached:
+            out["torch_header"] = f"offered ({header})" if header else f"not offered: {header_why}"
         if not info.get("imported") and info.get("message"):
             out["message"] = str(info["message"])[:500]
         return out

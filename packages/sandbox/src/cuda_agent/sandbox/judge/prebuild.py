@@ -18,6 +18,10 @@ flags on the same paths make the build in the job ninja finding everything up to
 Nothing about the verdict changes: the candidate is imported in its GPU job as before.
 A file that cannot be imported without a GPU still hands over what it built before it
 failed; the job builds the rest and its metadata says so (``prebuilt``).
+
+The build job's compiler also searches a folder holding a precompiled ``torch/extension.h``
+when the judge has one (``CPATH``, :mod:`cuda_agent.sandbox.compilers.torch_header`): the same
+build, with most of its ``main.cpp`` compile skipped.
 """
 
 from __future__ import annotations
@@ -231,9 +235,10 @@ def workspace_build(workspace: str | Path, key: str) -> tuple[Path | None, dict,
 
 def prebuild_workspace(workspace: str, device: str = "cpu", candidate: str = "model_new.py",
                        reference: str = "model.py", arch: str = "", jobs: int = 2,
-                       timeout: float = 600.0) -> PrebuildResult:
+                       timeout: float = 600.0, torch_header: str = "") -> PrebuildResult:
     """Import ``candidate`` in a candidate process of this (CPU) job and collect what it
-    built (see the module docstring)."""
+    built (see the module docstring). ``torch_header``: a folder holding a precompiled
+    ``torch/extension.h`` that the build's compiler searches (``CPATH``), "" for none."""
     from .client import CandidateProcessError
     from .session import JudgeSession, job_files
 
@@ -252,7 +257,8 @@ def prebuild_workspace(workspace: str, device: str = "cpu", candidate: str = "mo
             return res
         session.start()
         reply = session._request({"op": "prebuild", "workspace": str(session.snap.root),
-                                  "candidate": str(session.candidate), "arch": arch, "jobs": int(jobs)}, timeout)
+                                  "candidate": str(session.candidate), "arch": arch, "jobs": int(jobs),
+                                  "torch_header": torch_header}, timeout)
         res.files = decode(reply.get("files"))
         res.ext_dir = str(reply.get("ext_dir") or "")[:300]
         res.imported = bool(reply.get("imported"))
@@ -273,6 +279,9 @@ def build_in_candidate(msg: dict) -> dict:
     if arch:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     os.environ["MAX_JOBS"] = str(max(1, int(msg.get("jobs") or 1)))
+    header = str(msg.get("torch_header") or "")
+    if header and os.path.isdir(header):  # the compiler finds torch/extension.h.gch there first
+        os.environ["CPATH"] = header + (os.pathsep + os.environ["CPATH"] if os.environ.get("CPATH") else "")
     sys.path.insert(0, str(msg["workspace"]))
     imported, message = True, ""
     try:

@@ -84,10 +84,12 @@ def prebuild(workspace: str, device: str = "cpu", options: dict | None = None) -
     """Import a single-file solution once without a GPU so that its extensions are built
     before its GPU job (:mod:`.prebuild`); returns a PrebuildResult. ``options``: ``arch``
     (``TORCH_CUDA_ARCH_LIST`` of the target GPU), ``jobs`` (parallel compiler processes),
-    ``timeout``, ``candidate``, ``reference``."""
+    ``timeout``, ``candidate``, ``reference``, ``torch_header`` (the folder of a precompiled
+    ``torch/extension.h``, :mod:`cuda_agent.sandbox.compilers.torch_header`; "" for none)."""
     from cuda_agent.sandbox.judge import prebuild as pb
 
     o = dict(options or {})
     return pb.prebuild_workspace(workspace, device, candidate=o.get("candidate", "model_new.py"),
                                  reference=o.get("reference", "model.py"), arch=str(o.get("arch") or ""),
-                                 jobs=int(o.get("jobs") or 2), timeout=float(o.get("timeout") or 600.0))
+                                 jobs=int(o.get("jobs") or 2), timeout=float(o.get("timeout") or 600.0),
+                                 torch_header=str(o.get("torch_header") or ""))
