@@ -98,6 +98,23 @@ def test_a_header_that_cannot_be_made_says_why(tmp_path, monkeypatch):
     assert not list((tmp_path / "root").glob(".*.*/"))  # nothing half-made left behind
 
 
+def test_a_judge_closing_stops_the_making_and_leaves_nothing_half_made(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.delenv(torch_header.ENV, raising=False)
+    h = TorchHeader(tmp_path / "root")
+    h.start()
+    deadline = time.monotonic() + 60
+    while not h._procs and time.monotonic() < deadline:  # the probe build is under way
+        time.sleep(0.05)
+    assert h._procs and h.building()
+    h.stop()
+    h._thread.join(60)
+    assert not h.building() and not h.ready()
+    assert h.offer() == ("", "could not be made: stopped")
+    assert not [p for p in (tmp_path / "root").iterdir() if p.is_dir()]  # the half-made folder is gone
+
+
 SOLUTION = textwrap.dedent(r'''
     import os
     import torch

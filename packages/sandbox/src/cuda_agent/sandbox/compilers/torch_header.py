@@ -127,7 +127,7 @@ class TorchHeader:
         self.root = Path(root) if root else default_root()
         self.cxx = cxx or os.environ.get("CXX") or "c++"
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen | None = None
+        self._procs: list[subprocess.Popen] = []  # the maker's compiler processes now running
         self.error = ""
 
     @functools.cached_property
@@ -192,9 +192,10 @@ class TorchHeader:
 
     def stop(self) -> None:
         """Stop a background build (its half-made files are removed by it or the next one)."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        self.error = self.error or "stopped"
+        for proc in list(self._procs):
+            if proc.poll() is None:
+                proc.kill()
 
     def build(self, timeout: float = 1200.0) -> dict:
         """Make the header (or wait for another process making it) and return its manifest."""
@@ -205,22 +206,34 @@ class TorchHeader:
                 return self.manifest()
             return self._make(timeout)
 
+    def _spawn(self, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        if self.error == "stopped":
+            raise TorchHeaderError("stopped")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self._procs.append(proc)
+        return proc
+
     def _run(self, cmd: list[str], timeout: float, what: str, env: dict | None = None) -> str:
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = self._spawn(cmd, env)
         try:
-            out, err = self._proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.communicate()
+            proc.kill()
+            proc.communicate()
             raise TorchHeaderError(f"{what} took more than {timeout:.0f} s") from None
-        if self._proc.returncode != 0:
+        if self.error == "stopped":
+            raise TorchHeaderError("stopped")
+        if proc.returncode != 0:
             tail = (err or out).strip().splitlines()[-6:]
-            raise TorchHeaderError(f"{what} failed (exit {self._proc.returncode}): " + " | ".join(tail)[-800:])
+            raise TorchHeaderError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail)[-800:])
         return out
 
     def _make(self, timeout: float) -> dict:
         t0 = time.monotonic()
         final = self.folder
+        for stale in self.root.glob(f".{self.key}.*"):  # left by a maker that was killed (this one holds the lock)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{self.key}.", dir=self.root))
         try:
             env = {**os.environ, "MAX_JOBS": "1", "CXX": self.cxx}
@@ -234,7 +247,7 @@ class TorchHeader:
             procs = {}
             for name, extra in VARIANTS.items():  # the variants at once: one core each
                 cmd = [probe["cxx"], "-x", "c++-header", *flags, *extra, probe["header"], "-o", str(gch / f"{name}.gch")]
-                procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                procs[name] = self._spawn(cmd)
             errors = []
             for name, proc in procs.items():
                 try:
@@ -246,6 +259,8 @@ class TorchHeader:
                     continue
                 if proc.returncode != 0:
                     errors.append(f"{name}: " + " | ".join(err.strip().splitlines()[-4:])[-400:])
+            if self.error == "stopped":
+                raise TorchHeaderError("stopped")
             if errors:
                 raise TorchHeaderError("compiling the header failed: " + "; ".join(errors))
             shutil.rmtree(work / "probe", ignore_errors=True)
@@ -260,8 +275,12 @@ class TorchHeader:
             os.replace(work, final)
             return info
         finally:
+            for proc in self._procs:  # none outlives the making (a failure or a stop kills the rest)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            self._procs.clear()
             shutil.rmtree(work, ignore_errors=True)
-            self._proc = None
 
 
 def main(argv: list[str] | None = None) -> int:
