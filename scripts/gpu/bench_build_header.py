@@ -90,6 +90,20 @@ def build_once(work: Path, cuda: bool, header: str, i: int) -> float:
     return float(res.stdout.strip().splitlines()[-1])
 
 
+def variant_used(build_dir: Path, header: str) -> str:
+    """Which precompiled variant gcc takes for this build's ``main.cpp``, compiled again with
+    the ``cflags`` of the ``build.ninja`` it wrote and ``-H`` ("" for none)."""
+    import shlex
+
+    text = (build_dir / "build.ninja").read_text()
+    cflags = next(shlex.split(ln.split("=", 1)[1]) for ln in text.splitlines() if ln.startswith("cflags ="))
+    cxx = next((ln.split("=", 1)[1].strip() for ln in text.splitlines() if ln.startswith("cxx =")), "c++")
+    res = subprocess.run([cxx, "-H", *cflags, "-c", str(build_dir / "main.cpp"), "-o", str(build_dir / "check.o")],
+                         capture_output=True, text=True, env={**os.environ, "CPATH": header})
+    used = [ln[2:].strip() for ln in res.stderr.splitlines() if ln.startswith("! ") and ln.rstrip().endswith(".gch")]
+    return Path(used[0]).stem if used else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", type=int, default=0,
@@ -140,8 +154,12 @@ def measure(work: Path, cores: int, parallel: int, cuda: bool, alone: bool) -> N
             print(f"  {n} builds {'with' if with_header else 'without'} the header: wall {wall:.1f} s, "
                   f"median {statistics.median(each):.1f} s", flush=True)
 
+    last = work / f"ext-{n_builds - 1}"  # a build made with the header: did its main.cpp take it?
+    dirs = [d for d in last.iterdir() if (d / "build.ninja").is_file()] if last.is_dir() else []
+    used = variant_used(dirs[0], str(header.folder)) if dirs else ""
     print(f"\nthe header made once in {header_s:.1f} s, {header_mb:.0f} MB; builds: "
-          f"{'C++ and CUDA' if cuda else 'C++'}, -O3")
+          f"{'C++ and CUDA' if cuda else 'C++'}, -O3; their main.cpp takes the variant "
+          f"{used or 'none (the flags fit no variant)'}")
     print("| builds | at once | wall s | median s per build | builds a minute |\n| --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {'with the header' if r['header'] else 'without'} | {r['at_once']} | {r['wall_s']:.1f} | "
@@ -153,7 +171,7 @@ def measure(work: Path, cores: int, parallel: int, cuda: bool, alone: bool) -> N
                   f"the time without")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_build_header.json").write_text(json.dumps({
-            "cores": cores, "cuda": cuda, "header_s": header_s, "header_mb": header_mb, "flags": info["flags"],
+            "cores": cores, "cuda": cuda, "variant_used": used, "header_s": header_s, "header_mb": header_mb, "flags": info["flags"],
             "rows": rows}, indent=1))
 
 
