@@ -90,20 +90,6 @@ def build_once(work: Path, cuda: bool, header: str, i: int) -> float:
     return float(res.stdout.strip().splitlines()[-1])
 
 
-def variant_used(build_dir: Path, header: str) -> str:
-    """Which precompiled variant gcc takes for this build's ``main.cpp``, compiled again with
-    the ``cflags`` of the ``build.ninja`` it wrote and ``-H`` ("" for none)."""
-    import shlex
-
-    text = (build_dir / "build.ninja").read_text()
-    cflags = next(shlex.split(ln.split("=", 1)[1]) for ln in text.splitlines() if ln.startswith("cflags ="))
-    cxx = next((ln.split("=", 1)[1].strip() for ln in text.splitlines() if ln.startswith("cxx =")), "c++")
-    res = subprocess.run([cxx, "-H", *cflags, "-c", str(build_dir / "main.cpp"), "-o", str(build_dir / "check.o")],
-                         capture_output=True, text=True, env={**os.environ, "CPATH": header})
-    used = [ln[2:].strip() for ln in res.stderr.splitlines() if ln.startswith("! ") and ln.rstrip().endswith(".gch")]
-    return Path(used[0]).stem if used else ""
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", type=int, default=0,
@@ -128,7 +114,7 @@ def main() -> None:
 def measure(work: Path, cores: int, parallel: int, cuda: bool, alone: bool) -> None:
     import torch
 
-    from cuda_agent.sandbox.compilers.torch_header import TorchHeader
+    from cuda_agent.sandbox.compilers.torch_header import TorchHeader, variant_taken
 
     print(f"host: {cores} cores; torch {torch.__version__}; {'a CUDA kernel' if cuda else 'C++ only'}; "
           f"{parallel} builds at once", flush=True)
@@ -156,7 +142,7 @@ def measure(work: Path, cores: int, parallel: int, cuda: bool, alone: bool) -> N
 
     last = work / f"ext-{n_builds - 1}"  # a build made with the header: did its main.cpp take it?
     dirs = [d for d in last.iterdir() if (d / "build.ninja").is_file()] if last.is_dir() else []
-    used = variant_used(dirs[0], str(header.folder)) if dirs else ""
+    used = variant_taken(dirs[0], header.folder) if dirs else ""
     print(f"\nthe header made once in {header_s:.1f} s, {header_mb:.0f} MB; builds: "
           f"{'C++ and CUDA' if cuda else 'C++'}, -O3; their main.cpp takes the variant "
           f"{used or 'none (the flags fit no variant)'}")

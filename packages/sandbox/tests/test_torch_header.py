@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_agent.sandbox.compilers import torch_header  # noqa: E402
-from cuda_agent.sandbox.compilers.torch_header import TorchHeader, TorchHeaderError  # noqa: E402
+from cuda_agent.sandbox.compilers.torch_header import TorchHeader, TorchHeaderError, variant_taken  # noqa: E402
 from cuda_agent.sandbox.executors.local import CpuExecutor, CpuExecutorOptions  # noqa: E402
 from cuda_agent.sandbox.judge import prebuild  # noqa: E402
 from cuda_agent.sandbox.judge.pipeline import Judge, JudgeOptions  # noqa: E402
@@ -65,6 +65,13 @@ def test_gcc_takes_the_variant_that_fits_the_flags_and_parses_the_header_when_no
     assert _compile(header, tmp_path, []) == ("plain", 0)
     assert _compile(header, tmp_path, ["-O3"]) == ("optimized", 0)
     assert _compile(header, tmp_path, ["-O2", "-g"]) == ("", 0)  # no variant fits: the header itself
+    # a main.cpp as torch writes it, with the flags of its build.ninja
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "main.cpp").write_text("#include <torch/extension.h>\n")
+    (build / "build.ninja").write_text(f"cxx = {info['cxx']}\ncflags = -DTORCH_EXTENSION_NAME=x "
+                                       + " ".join(info["flags"]) + " -O3\n")
+    assert variant_taken(build, header.folder) == "optimized"
     # made once: another object for the same root finds it and offers it
     again = TorchHeader(header.root)
     assert again.key == header.key and again.ready()
@@ -181,3 +188,36 @@ def test_a_single_files_build_job_searches_the_header_and_its_build_is_up_to_dat
     finally:
         off.close()
         off.executor.close()
+
+
+CUDA_SCALE = r"""
+#include <torch/extension.h>
+
+__global__ void th_scale_kernel(const float* x, float* y, long n, float p) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * p;
+}
+
+torch::Tensor th_scale(torch::Tensor x, double p) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    th_scale_kernel<<<(unsigned)((n + 255) / 256), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, (float)p);
+    return y;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_a_load_inline_build_with_cuda_sources_takes_the_header_and_runs(header, tmp_path, monkeypatch):
+    """The flags of a build with CUDA sources (the CUDA include folder added) still fit the
+    -O3 variant, and the extension built with the header on CPATH computes."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("CPATH", str(header.folder))
+    ext = cpp_extension.load_inline("torch_header_cuda_probe", cpp_sources="torch::Tensor th_scale(torch::Tensor x, double p);",
+                                    cuda_sources=CUDA_SCALE, functions=["th_scale"], extra_cflags=["-O3"],
+                                    extra_cuda_cflags=["-O3"])
+    assert variant_taken(tmp_path / "ext" / "torch_header_cuda_probe", header.folder) == "optimized"
+    x = torch.randn(1000, device="cuda")
+    assert torch.equal(ext.th_scale(x, 2.0), x * 2.0)

@@ -283,6 +283,23 @@ class TorchHeader:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def variant_taken(build_dir: str | Path, folder: str | Path) -> str:
+    """Which precompiled variant under ``folder`` gcc takes for the ``main.cpp`` of the
+    ``load_inline`` build in ``build_dir``: compiled once more, with the ``cflags`` of the
+    ``build.ninja`` torch wrote there, ``-H`` and ``folder`` on ``CPATH`` ("" for none)."""
+    import shlex
+
+    build_dir = Path(build_dir)
+    lines = (build_dir / "build.ninja").read_text().splitlines()
+    cflags = next(shlex.split(ln.split("=", 1)[1]) for ln in lines if ln.startswith("cflags ="))
+    cxx = next((ln.split("=", 1)[1].strip() for ln in lines if ln.startswith("cxx =")), "c++")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([cxx, "-H", *cflags, "-c", str(build_dir / "main.cpp"), "-o", os.path.join(tmp, "m.o")],
+                             capture_output=True, text=True, env={**os.environ, "CPATH": str(folder)})
+    used = [ln[2:].strip() for ln in res.stderr.splitlines() if ln.startswith("! ") and ln.rstrip().endswith(".gch")]
+    return Path(used[0]).stem if used else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
