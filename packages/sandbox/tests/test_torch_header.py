@@ -92,6 +92,9 @@ def test_a_header_the_build_jobs_user_could_not_read_is_not_offered(tmp_path, mo
         assert folder == "" and "private folder" in why
     else:
         assert folder == str(h.folder) and why == ""
+    assert h.writable_by_others() == ""
+    os.chmod(h.folder / "torch", 0o777)  # another user could have planted a header of their own
+    assert h.writable_by_others() == str(h.folder / "torch")
 
 
 def test_a_header_that_cannot_be_made_says_why(tmp_path, monkeypatch):

@@ -172,7 +172,28 @@ class TorchHeader:
             closed = closed_folder(self.folder)
             if closed:
                 return "", f"{closed} is closed to other users, so a build's own user could not read the header"
+            loose = self.writable_by_others()
+            if loose:
+                return "", f"{loose} could be changed by another user, so the header is not trusted"
         return str(self.folder), ""
+
+    def writable_by_others(self) -> str:
+        """The first of the header's folders and files that is not this user's alone to
+        change (another owner, or writable by group or others), or ""."""
+        gch = self.folder / "torch" / "extension.h.gch"
+        paths = [self.root, self.folder, self.folder / "torch", gch]
+        try:
+            paths += sorted(gch.iterdir())
+        except OSError:
+            return str(gch)
+        for p in paths:
+            try:
+                st = os.lstat(p)
+            except OSError:
+                return str(p)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022 or os.path.islink(p):
+                return str(p)
+        return ""
 
     def building(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -189,6 +210,8 @@ class TorchHeader:
             self.build(timeout)
         except TorchHeaderError as exc:
             self.error = f"could not be made: {exc}"[:500]
+        except Exception as exc:  # noqa: BLE001 - an unwritable folder, a full disk: said, not raised in a thread
+            self.error = f"could not be made: {type(exc).__name__}: {exc}"[:500]
 
     def stop(self) -> None:
         """Stop a background build (its half-made files are removed by it or the next one)."""
