@@ -249,6 +249,8 @@ def score(executor, items, work: Path, prebuild: bool, build_workers: int, rules
                "speedup_vs_eager": p.speedup_vs_eager() if p and p.ok else None,
                "speedup_vs_compile": p.speedup_vs_compile() if p and p.ok else None,
                "prebuilt": (v.metadata or {}).get("prebuilt", ""), "extensions": (v.metadata or {}).get("extensions", ""),
+               # whether the build job was offered the judge's precompiled torch/extension.h (builds only)
+               "torch_header": str(info.get("torch_header", "")),
                # how the candidate's outputs came (device memory or host memory, and why) and
                # whether its candidate process was warm (made ahead of the job) or started for it
                "output_transfer": str((v.metadata or {}).get("output_transfer", "")),
@@ -518,6 +520,12 @@ def main() -> None:
         print(f"{r['path']}: outputs mostly via {', '.join(ways)}; warm candidate processes {n_warm}/{len(r['rows'])}, "
               f"forked {n_forked}; "
               f"load over 1 s: {len(slow)} ({', '.join(sorted({x['candidate_process'][:60] for x in slow})) or '-'})")
+        built = [x["torch_header"] for x in r["rows"] if x.get("torch_header")]
+        if built:  # the builds this run made: offered the precompiled torch header or not, and why not
+            offered = sum(1 for h in built if h.startswith("offered"))
+            why = sorted({h.removeprefix("not offered: ")[:80] for h in built if not h.startswith("offered")})
+            print(f"{r['path']}: builds offered the precompiled torch header {offered}/{len(built)}"
+                  + (f"; not offered: {'; '.join(why)}" if why else ""))
     if compare:  # what the order of work and the bounds changed, per run
         print("\n| run | refused before the build | verifications stopped | baselines measured | baseline s "
               "| refused sample s | hopeless sample s |")

@@ -224,3 +224,36 @@ def test_a_load_inline_build_with_cuda_sources_takes_the_header_and_runs(header,
     assert variant_taken(tmp_path / "ext" / "torch_header_cuda_probe", header.folder) == "optimized"
     x = torch.randn(1000, device="cuda")
     assert torch.equal(ext.th_scale(x, 2.0), x * 2.0)
+
+
+def test_the_build_benchmark_reads_each_steps_seconds_from_ninjas_log(tmp_path):
+    """``bench_build_header`` names a build's long pole from ninja's own log of a real build:
+    each step's seconds under its output's name, the shared object's as ``link``."""
+    import importlib.util
+    import shutil
+
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        pytest.skip("ninja is not installed")
+    spec = importlib.util.spec_from_file_location(
+        "bench_build_header", Path(__file__).resolve().parents[3] / "scripts" / "gpu" / "bench_build_header.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    build = tmp_path / "ext-0" / "bbh_probe"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text(textwrap.dedent("""\
+        rule slow
+          command = sleep $secs && touch $out
+        build main.o: slow
+          secs = 0.3
+        build cuda.cuda.o: slow
+          secs = 0.6
+        build bbh_probe.so: slow main.o cuda.cuda.o
+          secs = 0.1
+        """))
+    subprocess.run([ninja, "-j", "2"], cwd=build, check=True, capture_output=True)
+    steps = bench.ninja_steps(tmp_path / "ext-0")
+    assert set(steps) == {"main.o", "cuda.cuda.o", "link"}
+    assert 0.25 <= steps["main.o"] < steps["cuda.cuda.o"] and steps["cuda.cuda.o"] >= 0.55
+    assert 0.05 <= steps["link"] < 0.5
+    assert bench.ninja_steps(tmp_path / "nothing-built") == {}
