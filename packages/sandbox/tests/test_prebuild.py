@@ -114,3 +114,22 @@ def test_files_sent_back_by_candidate_code_cannot_leave_the_folder():
     got = prebuild.decode([rec("../evil"), rec("/etc/x"), rec("a/./b"), rec("ok/lib.so"), "junk"])
     assert got == [("ok/lib.so", 0o755, 5, b"z")]  # no setuid bit either
     assert prebuild.source_key(b"a", "9.0+PTX") != prebuild.source_key(b"a", "8.0+PTX")
+
+
+def test_the_build_pools_width_follows_cores_memory_and_gpus():
+    """Two cores a build (``build_jobs``) after two per GPU's jobs, one build per 3 GB of host
+    memory, at most 8 per GPU: a 16-core host with one GPU keeps its 7 builds, a host with
+    8 GPUs is not held to the 8 of one, and little memory narrows the pool."""
+    from cuda_agent.sandbox.judge.pipeline import BUILD_MEMORY_BYTES, auto_build_workers
+
+    gib = 1 << 30
+    o = JudgeOptions()
+    assert auto_build_workers(o, 1, cores=16, memory=128 * gib) == 7
+    assert auto_build_workers(o, 8, cores=128, memory=560 * gib) == 56
+    assert auto_build_workers(o, 1, cores=64, memory=512 * gib) == 8
+    assert auto_build_workers(o, 8, cores=128, memory=30 * gib) == 30 * gib // BUILD_MEMORY_BYTES == 10
+    assert auto_build_workers(o, 0, cores=2, memory=24 * gib) == 1
+    assert auto_build_workers(o, 4, cores=8, memory=64 * gib) == 1  # no core left: still one build
+    assert auto_build_workers(o, 1, cores=16, memory=0) == 7  # memory unknown: the cores decide
+    assert auto_build_workers(JudgeOptions(build_jobs=1), 1, cores=16, memory=128 * gib) == 8
+    assert auto_build_workers(JudgeOptions(build_workers=3), 8, cores=128, memory=560 * gib) == 3

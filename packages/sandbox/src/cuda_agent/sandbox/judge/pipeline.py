@@ -96,7 +96,7 @@ class JudgeOptions:
     profile_options: dict = field(default_factory=dict)  # ProfileOptions fields
     # single files: their extensions built in the CPU build pool before their GPU job
     prebuild: bool = True
-    build_workers: int = 0  # parallel builds (0: the host's cores left to the GPUs' jobs, 2 per build, up to 8)
+    build_workers: int = 0  # parallel builds (0: auto_build_workers, from the host's cores, memory and GPUs)
     build_jobs: int = 2  # compiler processes per build (MAX_JOBS)
     build_timeout: float = 600.0
     build_arch: str = ""  # TORCH_CUDA_ARCH_LIST of the target GPU ("" = this host's first GPU, with PTX)
@@ -158,11 +158,29 @@ def _default_executor(backend: str) -> Any:
     return CpuExecutor() if backend == "cpu" else LocalExecutor()
 
 
-def auto_build_workers(o: JudgeOptions, devices: int) -> int:
+# what one single file's build may hold at once: nvcc's front ends reached 2.9 GB on a CUDA
+# unit that includes torch/extension.h
+BUILD_MEMORY_BYTES = 3 << 30
+
+
+def host_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def auto_build_workers(o: JudgeOptions, devices: int, cores: int | None = None, memory: int | None = None) -> int:
+    """Single files built at once when ``build_workers`` is 0: the host's cores left to the GPUs'
+    jobs (two each) over ``build_jobs``, at most one build per ``BUILD_MEMORY_BYTES`` of host
+    memory and at most 8 per GPU (8 on a host without one), at least 1."""
     if o.build_workers > 0:
         return o.build_workers
-    cores = os.cpu_count() or 2
-    return max(1, min(8, (cores - 2 * max(0, devices)) // max(1, o.build_jobs)))
+    cores = cores or os.cpu_count() or 2
+    memory = host_memory_bytes() if memory is None else memory
+    by_cores = (cores - 2 * max(0, devices)) // max(1, o.build_jobs)
+    by_memory = memory // BUILD_MEMORY_BYTES if memory > 0 else by_cores
+    return max(1, min(8 * max(1, devices), by_cores, by_memory))
 
 
 class Judge:
