@@ -64,6 +64,19 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
 }
 
 
+# where scripts/gpu/setup.sh installs the carried wheels (.whl/)
+CARRIED_SITE = Path("/tmp/site")
+
+
+def with_carried_wheels(pythonpath: str, site: Path = CARRIED_SITE) -> str:
+    """``pythonpath`` with the carried wheels' folder first when setup.sh made it but its
+    ``PYTHONPATH`` did not reach this process (setup.sh sourced in a pipe runs in a subshell)."""
+    parts = [p for p in pythonpath.split(os.pathsep) if p]
+    if site.is_dir() and str(site) not in parts:
+        parts.insert(0, str(site))
+    return os.pathsep.join(parts)
+
+
 def gpu_count() -> int:
     try:
         import torch
@@ -109,6 +122,7 @@ def main() -> int:
     gpus = gpu_count()
     lanes_n = max(1, min(args.lanes or gpus, gpus or 1))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
+    env["PYTHONPATH"] = with_carried_wheels(env.get("PYTHONPATH", ""))
     start = time.monotonic()
     rows: list[tuple[str, str, float, str]] = []
     lock = threading.Lock()
