@@ -110,8 +110,8 @@ def build_once(work: Path, cuda: bool, header: str, i: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", default="",
-                    help="builds at once, one or more widths (7,14); default: the build pool's width, "
-                         "(cores - 2) / 2, at most 8")
+                    help="builds at once, one or more widths (7,14); default: the judge's build pool "
+                         "width on this host (auto_build_workers)")
     ap.add_argument("--alone", action="store_true", help="also one build at a time")
     ap.add_argument("--cpp-only", action="store_true", help="no CUDA kernel even where torch has CUDA")
     args = ap.parse_args()
@@ -126,7 +126,10 @@ def main() -> None:
         ap.error(f"--parallel takes whole numbers separated by commas, not {args.parallel!r}")
     if any(w < 1 for w in widths):
         ap.error("--parallel: every width must be at least 1")
-    widths = widths or [max(1, min(8, (cores - 2) // 2))]
+    if not widths:  # the judge's own build pool width on this host
+        from cuda_agent.sandbox.judge.pipeline import JudgeOptions, auto_build_workers
+
+        widths = [auto_build_workers(JudgeOptions(), torch.cuda.device_count())]
     cuda = torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None and not args.cpp_only
     work = Path(tempfile.mkdtemp(prefix="bench-build-header-"))
     try:
