@@ -307,3 +307,46 @@ def test_warm_up_gives_up_settling_after_settle_ms(monkeypatch):
     # a call that keeps getting slower never levels off: warm-up stops at warmup_ms + settle_ms
     est, warmup_ms, drift, calls = _warm_up_on(lambda i: 1.0 + 0.01 * i, monkeypatch, settle_ms=100.0)
     assert 120.0 <= warmup_ms < 125.0 and drift > 0.5
+
+
+class _FakeTimingLoop:
+    """Stands in for the compiled timing loop on a GPU: records every run and reports
+    each call at 1 ms on the device and 1.02 ms on the host (what is tested here is which
+    calls a timed loop makes; the GPU tests time real kernels)."""
+
+    def __init__(self):
+        self.runs = []
+
+    def run_loop(self, calls, n, prepare=None, after=None, stream=None, sync_each=False, **_flush):
+        self.runs.append((n, sync_each))
+        for j in range(n):
+            if prepare is not None:
+                prepare(j)
+            if after is not None:
+                after(j, None)
+        return [1.0] * n, [1.02] * n
+
+
+def test_a_timed_loop_makes_only_its_timed_calls(monkeypatch):
+    """A loop's calls are the ones it reports: whether work escapes to other streams is decided
+    by the warm-up (begin), not by untimed calls inside the loop, which a judge bounding the
+    loop by its own clock would charge to the candidate (5 calls' worth a loop on an H100)."""
+    from types import SimpleNamespace
+
+    from cuda_agent.sandbox.judge.profilers import cuda_events
+    from cuda_agent.sandbox.judge.profilers.base import TimingRun
+
+    fake = _FakeTimingLoop()
+    monkeypatch.setattr(cuda_events.native, "timing_for_cuda", lambda: fake)
+    p = CudaEventsProfiler(CudaEventsProfiler.Options(flush_l2=False))
+    for decided in (False, True):
+        state = {"dev": -1, "stream": SimpleNamespace(cuda_stream=0), "flush": None, "latency": 0.01,
+                 "sync_each": decided}
+        run = TimingRun(calls=[lambda: None], input_sets=[[]], estimate_ms=1.0, warmup_ms=10.0,
+                        method="cuda_events", state=state)
+        fake.runs.clear()
+        samples, info = p.loop(run, 7, prepare=lambda j, s: None, after=lambda j, out: None)
+        assert fake.runs == [(7, decided)] and len(samples) == 7 and info["sync_each"] is decided
+    # what the warm-up's synchronised calls decide: host time past events and latency escapes
+    assert not p.escapes([(1.0, 1.02)] * 5, latency=0.01)
+    assert p.escapes([(1.0, 1.02)] * 4 + [(1.0, 1.5)], latency=0.01)

@@ -11,12 +11,14 @@ current stream, ``fn(*inputs)`` is called and an end event is recorded.
   whenever they keep the GPU waiting (the torch profiler's summed kernel time hides them).
   Synchronising around every call (``sync_each=True``) adds host wake-up jitter
   (measurements: ``docs/timing.md``).
-* Work on every stream counts: first a few calls are synchronised one by one and their
-  host time (just after the start event to the return of a device-wide synchronize) is
-  compared with the event time. If it exceeds the event time by more than the
-  synchronisation latency measured at start-up (by ``escape_slack_ms`` and 5%), work
-  escaped to another stream: every call is then synchronised and timed on the host, less
-  that latency (``method`` gets ``+host``).
+* Work on every stream counts: the warm-up's calls are synchronised one by one, and the
+  host time of its last few (just after the start event to the return of a device-wide
+  synchronize) is compared with their event time. If it exceeds the event time by more than
+  the synchronisation latency measured at start-up (by ``escape_slack_ms`` and 5%), work
+  escaped to another stream: every timed call is then synchronised and timed on the host,
+  less that latency (``method`` gets ``+host``). The decision is made before the timed
+  loops, so a loop holds only its timed calls and their untimed work: a judge that bounds a
+  loop by its own clock sees no calls the samples leave out.
 * Warm-up runs until ``warmup_ms`` of calls and ``warmup_iters`` calls have passed (clocks
   up, caches and lazy initialisation done), and then, for at most ``settle_ms`` more, until
   the per-call times level off (:func:`settled`: two windows of ``warmup_ms / 2`` agree
@@ -66,6 +68,8 @@ def _device(device: Any):
     return dev
 
 
+# the warm-up's last synchronised calls that decide whether work escapes to other streams
+ESCAPE_PROBE = 5
 _DOT_ID = r'(?:"([^"]+)"|([A-Za-z_][\w.]*))'  # a quoted or a plain DOT identifier
 _DOT_EDGE = re.compile(rf"^\s*{_DOT_ID}\s*->\s*{_DOT_ID}")
 _DOT_NODE = re.compile(rf"^\s*{_DOT_ID}\s*\[")
@@ -151,11 +155,21 @@ class CudaEventsProfiler(TwoPhaseProfiler):
             calls, graphs, outputs = self._calls(fn, input_sets, dev)
             if graphs is not None:
                 self._graphs, self._graph_outputs = graphs, outputs
-            est, warmup_ms, _ = self._warm_up(calls, self._measure(stream, dev))
+            pairs: list[tuple[float, float]] = []
+            est, warmup_ms, _ = self._warm_up(calls, self._measure(stream, dev, pairs))
             latency = self._sync_latency(dev, stream) if o.all_streams else 0.0
+            sync_each = o.sync_each or (o.all_streams and self.escapes(pairs[-ESCAPE_PROBE:], latency))
         return TimingRun(calls=calls, input_sets=input_sets, estimate_ms=est, warmup_ms=warmup_ms,
                          method=self.name + ("+graph" if graphs is not None else ""),
-                         state={"dev": dev, "stream": stream, "flush": flush, "latency": latency})
+                         state={"dev": dev, "stream": stream, "flush": flush, "latency": latency,
+                                "sync_each": bool(sync_each)})
+
+    def escapes(self, pairs: list[tuple[float, float]], latency: float) -> bool:
+        """Whether synchronised calls' ``(event ms, host ms)`` show work left on other streams:
+        a host time past the event time by more than the synchronisation ``latency`` and
+        ``escape_slack_ms`` (or 5%)."""
+        o = self.options
+        return any(h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency for ev, h in pairs)
 
     def loop(self, run: TimingRun, n: int, prepare: Prepare | None = None,
              after: After | None = None) -> tuple[list[float], dict]:
@@ -169,20 +183,15 @@ class CudaEventsProfiler(TwoPhaseProfiler):
         calls, sets, k = run.calls, run.input_sets, len(run.calls)
         mod = native.timing_for_cuda()
         flush_args = {"flush_ptr": flush.data_ptr(), "flush_bytes": flush.numel() * flush.element_size()} if flush is not None else {}
-        sync_each = o.sync_each
+        sync_each = bool(st.get("sync_each", o.sync_each))  # decided by the warm-up (begin)
         with torch.cuda.device(dev):
-            if not sync_each and o.all_streams:
-                # a few synchronised calls: work left on other streams needs host timing
-                probe_dev, probe_host = mod.run_loop(calls, min(5, n), stream=stream.cuda_stream, sync_each=True)
-                sync_each = any(h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency
-                                for ev, h in zip(probe_dev, probe_host))
             prep = (lambda j: prepare(j, sets[j % k])) if prepare is not None else None
             with no_gc():
                 dev_ms, host_ms = mod.run_loop(calls, n, prepare=prep, after=after, stream=stream.cuda_stream,
                                                sync_each=sync_each, **flush_args)
         samples, escaped = [], 0
         for ev, h in zip(dev_ms, host_ms):
-            if sync_each and o.all_streams and h - ev > max(o.escape_slack_ms, 0.05 * ev) + latency:
+            if sync_each and o.all_streams and self.escapes([(ev, h)], latency):
                 escaped += 1
                 samples.append(h - latency)
             else:
@@ -196,12 +205,16 @@ class CudaEventsProfiler(TwoPhaseProfiler):
         return timing
 
     @staticmethod
-    def _measure(stream: Any, dev: Any) -> Callable[[list, int], list[float]]:
-        """Per-call device times of ``m`` synchronised calls (the warm-up's measurement)."""
+    def _measure(stream: Any, dev: Any, pairs: list | None = None) -> Callable[[list, int], list[float]]:
+        """Per-call device times of ``m`` synchronised calls (the warm-up's measurement);
+        ``pairs``: where each call's ``(event ms, host ms)`` is appended."""
         mod = native.timing_for_cuda()
 
         def measure(calls: list, m: int) -> list[float]:
-            return mod.run_loop(calls, m, stream=stream.cuda_stream, sync_each=True)[0]
+            dev_ms, host_ms = mod.run_loop(calls, m, stream=stream.cuda_stream, sync_each=True)
+            if pairs is not None:
+                pairs.extend(zip(dev_ms, host_ms))
+            return dev_ms
 
         return measure
 
