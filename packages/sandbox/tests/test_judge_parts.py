@@ -192,6 +192,7 @@ def _bare_timer(overhead: dict):
 
     timer = timing.CandidateTimer.__new__(timing.CandidateTimer)
     timer.set_seeds, timer.device, timer.full, timer.get_inputs, timer.meta = [1], "cpu", False, None, {}
+    timer.wide = False
     timer.reference_at = lambda i, j: torch.ones(4)
     timer.pristine = lambda s: [torch.ones(4)]
     timer.overhead = dict(overhead)

@@ -97,7 +97,8 @@ def do_loop(st: CandidateState, msg: dict) -> dict:
     last_call = [-1] * k
     try:
         prepare = _rotating(st, t, seed)
-        checks = rotation.Checksums(rotation.derived(seed, 5), st.device, full=bool(msg.get("full")))
+        checks = rotation.Checksums(rotation.derived(seed, 5), st.device, full=bool(msg.get("full")),
+                                    wide=bool(msg.get("wide")))
         checks.prepare(max((math.prod(s) for s in t.get("outputs_like") or []), default=1))
         slots = checks.slots(n)
     except Exception as exc:  # noqa: BLE001

@@ -31,6 +31,15 @@ what it lets them move *statistically* (Hoeffding: an output within the toleranc
 errors do not follow the weights moves it by more than :data:`Z` standard bounds with
 probability below ``2 exp(-Z^2/2)``), which a stale, skipped or partly computed output
 misses by the square root of the number of wrong elements; the fingerprint and count exactly.
+Sums of squares are float32 reductions per chunk, added in float64; where the reference holds
+elements past :data:`WIDE_ABOVE` in magnitude (``wide``), whose squares would overflow a float32
+sum, each chunk is reduced in float64. An output already in float64 (or an integer or boolean
+output, widened to it) is always reduced in float64.
+
+**Random ops** (:meth:`Rotation.seed_call`). Before call ``j`` torch's generators are seeded
+from the loop's seed and ``j`` on both sides, so that a task whose model draws random numbers
+(dropout in training mode) computes the same output for call ``j`` in the candidate process as
+the reference does on the trusted side.
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ WEIGHTED_ROUNDING = 2.0 ** -18
 Z = 7.0  # standard bounds of the weighted sum's slack (false refusal below 1e-10 a check)
 FAST, WIDTH = 2, 4  # statistics filled without and with the non-finite fingerprint; per call
 POSITION_WEIGHTS = 1 << 16  # fingerprint weights 1 .. 2**16 (sums stay exact in float64)
+# a reference element past this magnitude makes the checksums' sums of squares float64 per chunk:
+# a float32 sum of CHUNK squares of up to about 1.4x this stays below float32's largest number
+WIDE_ABOVE = 1e15
 
 
 def _mix(x: int) -> int:
@@ -130,6 +142,25 @@ class Rotation:
     def draw_seed(self, j: int) -> int:
         return derived(self.seed, 3, j) & 0x7FFFFFFF
 
+    def seed_call(self, j: int) -> None:
+        """Seed torch's default generators (the CPU's and, on a GPU, the device's) for call
+        ``j``: random ops of the call (dropout) then draw the same numbers in the candidate
+        process as in the reference on the trusted side. The generators are seeded directly
+        (about 1 us each): ``torch.manual_seed`` formats a stack trace for every lazily
+        seeded backend, 60 us a call."""
+        import torch
+
+        s = derived(self.seed, 4, j) & 0x7FFFFFFF
+        torch.default_generator.manual_seed(s)
+        dev = torch.device(self.device)
+        if dev.type == "cuda":
+            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            gens = torch.cuda.default_generators
+            if idx < len(gens):
+                gens[idx].manual_seed(s)
+            else:  # CUDA not initialised yet in this process
+                torch.cuda.manual_seed(s)
+
     def _mixed(self, i: int) -> list:
         """Per tensor of set ``i``: whether it holds both signs (its factors then get random signs)."""
         if i not in self._signs:
@@ -184,7 +215,8 @@ class Rotation:
         return draw_inputs(self.get_inputs, self.draw_seed(j), self.device).values
 
     def fill(self, j: int, work: list) -> None:
-        """Rewrite ``work`` (the tensors of set ``j % k``) with call ``j``'s inputs."""
+        """Rewrite ``work`` (the tensors of set ``j % k``) with call ``j``'s inputs, and seed
+        the generators for the call (:meth:`seed_call`)."""
         import torch
 
         i = j % self.k
@@ -197,13 +229,15 @@ class Rotation:
                     if not isinstance(v, torch.Tensor) or v.shape != w.shape or v.dtype != w.dtype:
                         raise RuntimeError("get_inputs() returned inputs of another shape or dtype for another seed")
                     w.copy_(v)
-            return
-        for t, (p, w, mixed) in enumerate(zip(self.pristine[i], work, self._mixed(i))):
-            if _float_tensor(p):
-                self._scaled(p, self.offset(j, t), mixed, w)
+        else:
+            for t, (p, w, mixed) in enumerate(zip(self.pristine[i], work, self._mixed(i))):
+                if _float_tensor(p):
+                    self._scaled(p, self.offset(j, t), mixed, w)
+        self.seed_call(j)
 
     def inputs(self, j: int) -> list:
-        """Fresh tensors holding call ``j``'s inputs."""
+        """Fresh tensors holding call ``j``'s inputs (the generators are not seeded: call
+        :meth:`seed_call` right before the call)."""
         import torch
 
         if self.fresh:
@@ -257,12 +291,13 @@ class Checksums:
     """The per-call statistics of timed outputs (see the module docstring), made from the
     loop's ``seed`` on ``device``: :meth:`into` on the candidate side, :meth:`expected` on the
     trusted side. ``full``: also the fingerprint of non-finite elements (the finite part is
-    summed then)."""
+    summed then); ``wide``: sums of squares reduced in float64 (see :data:`WIDE_ABOVE`)."""
 
-    def __init__(self, seed: int, device: Any = "cpu", full: bool = False):
+    def __init__(self, seed: int, device: Any = "cpu", full: bool = False, wide: bool = False):
         self.seed = int(seed)
         self.device = device
         self.full = bool(full)
+        self.wide = bool(wide)
         self._w: Any = None
         self._w_as: dict = {}
         self._pos: Any = None
@@ -307,7 +342,7 @@ class Checksums:
                 flat = flat.to(torch.float32)
             w = self._weights_as(flat.numel(), flat.dtype)
             pos = self.positions(flat.numel()) if self.full else None
-            if flat.is_cuda and pos is None:
+            if flat.is_cuda and pos is None and not self.wide:
                 self._into_cuda(flat, w, row)
                 continue
             for c in range(0, flat.numel(), PERIOD):  # chunk by chunk: temporaries of a chunk's size
@@ -317,7 +352,7 @@ class Checksums:
                     row[2].add_(torch.dot(code, pos[:seg.numel()]))
                     row[3].add_(code.clamp(max=1.0).sum())  # the count (codes are 0..3; count_nonzero is slow)
                     del code
-                _sum_of_squares_into(seg, row[0])
+                _sum_of_squares_into(seg, row[0], self.wide)
                 row[1].add_(torch.dot(seg, w[:seg.numel()]).to(torch.float64))
 
     def _into_cuda(self, flat: Any, w: Any, row: Any) -> None:
@@ -330,11 +365,12 @@ class Checksums:
 
         n = flat.numel()
         chunks = -(-n // PERIOD)
-        norms = torch.empty(chunks, dtype=torch.float32, device=flat.device)
+        norm_dtype = _norm_dtype(flat)
+        norms = torch.empty(chunks, dtype=norm_dtype, device=flat.device)
         dots = torch.empty(chunks, dtype=flat.dtype, device=flat.device)
         for i, c in enumerate(range(0, n, PERIOD)):
             seg = flat[c:c + PERIOD]
-            torch.linalg.vector_norm(seg, dtype=torch.float32, out=norms[i])
+            torch.linalg.vector_norm(seg, dtype=norm_dtype, out=norms[i])
             torch.dot(seg, w[:seg.numel()], out=dots[i])
         row[0].add_(norms.to(torch.float64).square_().sum())
         row[1].add_(dots.to(torch.float64).sum())
@@ -347,12 +383,13 @@ class Checksums:
     def expected(self, ref: Any, atol: float, rtol: float) -> dict:
         """The reference's statistics and how far an output within the tolerance may put each
         from it: ``{"finite", "sum_of_squares", "sum_of_squares_slack", "weighted_sum",
-        "weighted_sum_slack", "fingerprint", "nonfinite"}``."""
+        "weighted_sum_slack", "fingerprint", "nonfinite", "largest"}`` (``largest``: the largest
+        magnitude of a finite element)."""
         import torch
 
         tensors = _tensors(ref)
         on_gpu = bool(tensors and tensors[0].is_cuda)
-        sq = sq_slack = ws = mag = fp = count = 0.0
+        sq = sq_slack = ws = mag = fp = count = big = 0.0
         classes: Any = None  # per weight class: the largest sum of moves its elements can make
         for t in tensors:
             flat = _flat(t)
@@ -368,7 +405,10 @@ class Checksums:
                 sq_slack += float((e * (2 * r.abs() + e)).sum())
                 w = self.weights(flat.numel())[:r.numel()].to(torch.float64)
                 ws += float(torch.dot(r, w))
-                mag += float(r.abs().sum())
+                a = r.abs()
+                mag += float(a.sum())
+                big = max(big, float(a.max()))
+                del a
                 if classes is None or classes.numel() < r.numel():
                     grown = torch.zeros(r.numel(), dtype=torch.float64, device=r.device)
                     if classes is not None:
@@ -379,7 +419,7 @@ class Checksums:
         sq_slack += (GPU_ROUNDING if on_gpu else DOT_ROUNDING) * abs(sq) + 1e-12
         return {"finite": count == 0, "sum_of_squares": sq, "sum_of_squares_slack": sq_slack,
                 "weighted_sum": ws, "weighted_sum_slack": Z * spread + WEIGHTED_ROUNDING * mag + 1e-12,
-                "fingerprint": fp, "nonfinite": count}
+                "fingerprint": fp, "nonfinite": count, "largest": big}
 
     def mismatch(self, got: list, want: dict) -> str:
         """"" when the reported statistics ``got`` (:data:`WIDTH` numbers) fit ``want``
@@ -395,12 +435,28 @@ class Checksums:
         return ""
 
 
-def _sum_of_squares_into(flat: Any, slot: Any) -> None:
+def _norm_dtype(flat: Any) -> Any:
+    """The dtype of a chunk's norm: float64 for a float64 ``flat`` (torch refuses a narrowing
+    norm), float32 otherwise."""
     import torch
 
-    if flat.is_cuda:  # one read of the output: a float32 norm (no float64 copy), squared in float64
+    return torch.float64 if flat.dtype == torch.float64 else torch.float32
+
+
+def _sum_of_squares_into(flat: Any, slot: Any, wide: bool = False) -> None:
+    """Add the sum of squares of ``flat`` to the 0-d float64 ``slot``; ``wide``: each chunk
+    reduced in float64 (elements whose float32 squares would overflow)."""
+    import torch
+
+    if wide:
         for start in range(0, flat.numel(), CHUNK):
-            norm = torch.linalg.vector_norm(flat[start:start + CHUNK], dtype=torch.float32)
+            c = flat[start:start + CHUNK].to(torch.float64)
+            slot.add_(torch.dot(c, c))
+        return
+    if flat.is_cuda:  # one read of the output: a float32 norm (no float64 copy), squared in float64
+        norm_dtype = _norm_dtype(flat)
+        for start in range(0, flat.numel(), CHUNK):
+            norm = torch.linalg.vector_norm(flat[start:start + CHUNK], dtype=norm_dtype)
             slot.add_(norm.to(torch.float64).square())
         return
     if flat.dtype not in (torch.float32, torch.float64):
@@ -408,6 +464,21 @@ def _sum_of_squares_into(flat: Any, slot: Any) -> None:
     for start in range(0, flat.numel(), DOT_CHUNK):
         c = flat[start:start + DOT_CHUNK]
         slot.add_(torch.dot(c, c))
+
+
+def largest_finite(obj: Any) -> float:
+    """The largest magnitude of a finite element of ``obj``'s tensors (0.0 when none)."""
+    import torch
+
+    most = 0.0
+    for t in _tensors(obj):
+        flat = _flat(t)
+        if flat.numel() == 0:
+            continue
+        fin = flat[torch.isfinite(flat)] if not bool(torch.isfinite(flat).all()) else flat
+        if fin.numel():
+            most = max(most, float(fin.abs().max()))
+    return most
 
 
 def checksum_into(obj: Any, slot: Any) -> None:

@@ -100,13 +100,14 @@ def quick(profiler: Any) -> Any:
 
 
 def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls: int = NULL_CALLS,
-                     get_inputs: Any = None, full: bool = False, modes: tuple[str, ...] = MODES) -> dict:
+                     get_inputs: Any = None, full: bool = False, modes: tuple[str, ...] = MODES,
+                     wide: bool = False) -> dict:
     """The cost of a timed loop's untimed work, on this side: the profiler's loop over a call
     that returns a ready output (on the CPU a fresh one per call, whose release after the call
     costs what releasing a kernel's output does), with the same making of inputs over the
     timed loop's input ``sets`` (:class:`.rotation.Rotation`, made for each loop as the
     candidate process makes it) and the same checksums (``full``: with the non-finite
-    fingerprint), run for a few calls and for ``calls`` calls. Returns ``{"fixed": ms per
+    fingerprint; ``wide``: sums of squares in float64), run for a few calls and for ``calls`` calls. Returns ``{"fixed": ms per
     loop, "plain": ms per call, "sync_each": ms per call, "cpu": CPU ms per call, "cpu_fixed":
     CPU ms per loop}`` (``sync_each`` for loops that synchronise every call). ``modes``: which
     of the loop's modes to measure (``plain`` gives the per-loop and CPU figures too)."""
@@ -136,7 +137,7 @@ def loop_overhead_ms(profiler: Any, sets: list, ref_out: Any, device: Any, calls
         seed = secrets.randbits(62)  # made per loop, as in the candidate process
         rot = rotation.Rotation(seed, sets, get_inputs, device)
         rot.prepare()
-        checks = rotation.Checksums(rotation.derived(seed, 5), device, full)
+        checks = rotation.Checksums(rotation.derived(seed, 5), device, full, wide)
         checks.prepare(longest)
         slots = checks.slots(n)
 
@@ -294,6 +295,7 @@ class CandidateTimer:
         self._rotations: dict[int, Any] = {}
         self.threads: int | None = None
         self.full = False  # checksums with the non-finite fingerprint (the reference is not finite)
+        self.wide = False  # sums of squares in float64 (the reference has elements past rotation.WIDE_ABOVE)
         # where a timing's time goes: warm-up, the loop's own work, timed loops, checksum checks
         self.clock = PhaseClock(self.meta.setdefault("timing_phase_seconds", {}))
 
@@ -316,7 +318,9 @@ class CandidateTimer:
         return self._rotations[seed]
 
     def reference_at(self, seed: int, j: int) -> Any:
-        x = self.rotation(seed).inputs(j)
+        rot = self.rotation(seed)
+        x = rot.inputs(j)
+        rot.seed_call(j)  # random ops draw what call j drew in the candidate process
         out = self.ref_model(*x)
         from .watchdog import synchronize
 
@@ -354,10 +358,12 @@ class CandidateTimer:
         ref_out = self.reference_at(0, 0)
         if keep is None and not all_finite(ref_out):
             self.full = True  # NaN/Inf in the reference: checksums compare where they are
+        if keep is None and rotation.largest_finite(ref_out) > rotation.WIDE_ABOVE:
+            self.wide = True  # squares past float32's range: summed in float64
         with hostlock.timing():
             sets = [self.pristine(s) for s in range(len(self.set_seeds))]
             new = loop_overhead_ms(profiler, sets, ref_out, self.device, max(calls, NULL_CALLS), self.get_inputs,
-                                   self.full, modes if self.overhead else MODES)
+                                   self.full, modes if self.overhead else MODES, self.wide)
         # every measurement's smallest: what a loop caught by the clock check is charged against
         self.own_floor = {**self.own_floor, **{k: min(v, self.own_floor.get(k, v)) for k, v in new.items()}}
         if keep is not None and self.overhead:
@@ -431,7 +437,8 @@ class CandidateTimer:
             with self.clock("loops"), hostlock.timing():
                 c0 = self._job_cpu()
                 t0 = _now_ms()
-                reply = self.s._request({"op": "loop", "n": n, "seed": seed, "full": self.full}, self.timeout)
+                reply = self.s._request({"op": "loop", "n": n, "seed": seed, "full": self.full, "wide": self.wide},
+                                        self.timeout)
                 wall = _now_ms() - t0
                 c1 = self._job_cpu()
             if not reply.get("ok"):
@@ -477,13 +484,15 @@ class CandidateTimer:
                     continue
             else:
                 suspect = 0
-            was_full = self.full
+            was = (self.full, self.wide)
             with self.clock("checksums"):
                 bad = self._check_sums(seed, sums, n)
             if bad is not None:
                 return None, bad
-            if self.full and not was_full:
-                continue  # a timed call's reference is not finite: timed again, its NaN/Inf compared
+            if (self.full, self.wide) != was:
+                # a timed call's reference is not finite, or too large for float32 squares:
+                # timed again, its NaN/Inf compared or its squares summed in float64
+                continue
             made += 1
             charge = None
             if why:  # timed by the trusted clock: the time it does not see reported is the calls'
@@ -582,10 +591,11 @@ class CandidateTimer:
     def _check_sums(self, seed: int, sums: list[list[float]], n: int) -> Refusal | None:
         """The statistics of :data:`CHECKED_CALLS` timed calls picked now against the
         reference's on the same inputs. A checked call whose reference is not finite while the
-        loop summed without the non-finite fingerprint sets ``full`` (and nothing is listed
-        as checked: the loop is timed again)."""
+        loop summed without the non-finite fingerprint sets ``full``, and one whose reference
+        holds elements past :data:`rotation.WIDE_ABOVE` while the loop summed squares in float32
+        sets ``wide`` (nothing is listed as checked then: the loop is timed again)."""
         picks = sorted({secrets.randbelow(n) for _ in range(min(CHECKED_CALLS, n))})
-        checks = rotation.Checksums(rotation.derived(seed, 5), self.device, full=self.full)
+        checks = rotation.Checksums(rotation.derived(seed, 5), self.device, full=self.full, wide=self.wide)
         checked = []
         for j in picks:
             ref = self.reference_at(seed, j)
@@ -593,6 +603,9 @@ class CandidateTimer:
             del ref
             if not want["finite"] and not self.full:
                 self.full = True
+                return None
+            if want["largest"] > rotation.WIDE_ABOVE and not self.wide:
+                self.wide = True
                 return None
             why = checks.mismatch(sums[j], want)
             if why:
@@ -602,7 +615,7 @@ class CandidateTimer:
                                f"inputs; results cached, stale, skipped or computed in part between calls fail)")
             checked.append(j)
         self.meta.setdefault("checksums_checked", []).extend(checked)
-        self.meta["checksum_statistics"] = ["sum of squares", "weighted sum"] + \
+        self.meta["checksum_statistics"] = ["sum of squares" + (" (float64)" if self.wide else ""), "weighted sum"] + \
             (["non-finite positions and count"] if self.full else [])
         return None
 
