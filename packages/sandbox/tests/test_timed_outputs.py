@@ -50,9 +50,9 @@ def executor():
     ex.close()
 
 
-def _profile(executor, tmp: Path, task_expr: str, ret: str):
+def _profile(executor, tmp: Path, task_expr: str, ret: str, **timing):
     ws = Path(make_workspace(tmp, task_code=_task(task_expr), model_new=relu_new(ret=ret)).root)
-    options = {"seed": 5, "profiler_options": dict(TIMING), "compile_baseline": False, "attempts": 1,
+    options = {"seed": 5, "profiler_options": {**TIMING, **timing}, "compile_baseline": False, "attempts": 1,
                "hopeless_factor": 0, "baseline_cache_dir": str(tmp / "cache")}
     return executor.run(Job(T + "profile", {"workspace": str(ws), "options": options}, kind="profile"))
 
@@ -122,3 +122,13 @@ def test_checksums_of_outputs_that_are_not_float32(dtype):
     row = checks.slots(1)[0]
     checks.into(out, row)
     assert checks.mismatch(row.tolist(), want) == ""
+
+
+def test_input_sets_count_the_output_each_set_keeps(executor, tmp_path):
+    # a 256 KB input whose output is 44x larger (176 MB of float32, as a convolution's output
+    # outgrows its input): the CPU's 512 MB budget holds 2 such sets, not the 4 the inputs
+    # alone would allow
+    p = _profile(executor, tmp_path, "torch.relu(x).repeat(44, 16)", "y.repeat(44, 16)",
+                 target_ms=10, min_iters=4, max_iters=8)
+    assert p.ok, p.message
+    assert p.metadata["input_sets"] == 2, p.metadata.get("input_sets")

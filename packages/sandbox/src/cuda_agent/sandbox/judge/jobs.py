@@ -328,11 +328,19 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
             try:
                 with phase("inputs"):
                     first = draw_inputs(ref_mod.get_inputs, seed + 7, device).values
-                    k = auto_input_sets(2 * nbytes(first), device, o.num_input_sets)
+            except Exception as exc:
+                return fail(FailureCategory.CRASH, f"get_inputs() failed: {short_exc(exc)}")
+            try:
+                with phase("inputs"):
+                    # a set costs its inputs twice (pristine and rotated) and an output: the
+                    # candidate process keeps each set's last output for the spot check, and
+                    # outputs several times the inputs (a convolution's) ran an H100 out of memory
+                    out_bytes = nbytes(loaded.ref_model(*first))
+                    k = auto_input_sets(2 * nbytes(first) + out_bytes, device, o.num_input_sets)
                     del first
                     give_back_memory(device)
             except Exception as exc:
-                return fail(FailureCategory.CRASH, f"get_inputs() failed: {short_exc(exc)}")
+                return fail(FailureCategory.CRASH, f"reference Model failed on the first input set: {short_exc(exc)}")
             timer.set_seeds = [seed + 7 * (i + 1) for i in range(k)]
             with phase("inputs"):
                 meta["inputs"] = describe(timer.pristine(0))

@@ -13,7 +13,9 @@ from ..inputs import draw_inputs, nbytes
 
 
 def auto_input_sets(one_set_bytes: int, device: Any, wanted: int = 0) -> int:
-    """How many input sets to rotate through: ``wanted``, or as many as fit a budget (1..4)."""
+    """How many input sets to rotate through: ``wanted``, or as many sets of
+    ``one_set_bytes`` (what a set costs while timed) as fit a budget (1..4): a quarter of
+    the device's free memory, 512 MB on the CPU."""
     if wanted > 0:
         return wanted
     import torch
