@@ -36,3 +36,37 @@ def test_the_carried_wheels_come_first_when_setup_made_them(tmp_path):
     assert run_all.with_carried_wheels("", site) == str(site)
     assert run_all.with_carried_wheels(f"/a{os.pathsep}/b", site) == os.pathsep.join([str(site), "/a", "/b"])
     assert run_all.with_carried_wheels(f"/a{os.pathsep}{site}", site) == f"/a{os.pathsep}{site}"  # already there
+
+
+def _reference_record(task_id: str, eager_ms: float, cand_ms: float, charged: float = 0.0) -> dict:
+    level = int(task_id[1])
+    profile = {"baseline_cache": "hit", "phase_seconds": {}}
+    if charged:
+        profile["timing_charged"] = {"rule": "timing.wall-clock", "charged_ms_per_call": charged}
+    return {"task_id": task_id, "level": level, "name": task_id.split("/", 1)[1], "correct": True, "failure": "none",
+            "message": "", "t_candidate_ms": cand_ms, "t_eager_ms": eager_ms, "t_compile_ms": None,
+            "speedup_vs_eager": eager_ms / cand_ms, "speedup_vs_compile": None, "candidates": 1, "source": "",
+            "seconds": 3.0, "metadata": {"profile": profile}}
+
+
+def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_path):
+    """eval_references --merge: the table counts the references within 2% of 1x (the target)
+    beside those within 10%, and lists the ones the trusted clock charged."""
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [_reference_record("L1/1_A", 2.0, 2.01), _reference_record("L1/2_B", 2.0, 2.1),
+               _reference_record("L1/3_C", 20.0, 29.0, charged=9.0)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    script = ROOT / "scripts" / "gpu" / "eval_references.py"
+    env = {**os.environ, "OUT": str(tmp_path / "out")}  # the merged report's folder
+    out = subprocess.run([sys.executable, str(script), "--merge", str(run)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header = next(line for line in out.stdout.splitlines() if line.startswith("level"))
+    assert "within 2% of eager" in header and "within 10% of eager" in header
+    row = next(line for line in out.stdout.splitlines() if line.startswith("L1 ")).split()
+    assert row[1:3] == ["3", "3"] and row[-2:] == ["1", "2"]  # within 2%: A; within 10%: A and B
+    assert "charged by timing.wall-clock (a reference never should be): 1: L1/3_C: +9 ms" in out.stdout
+    assert (tmp_path / "out" / "summary.json").is_file()
