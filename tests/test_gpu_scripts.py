@@ -56,8 +56,11 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
 
     run = tmp_path / "run"
     run.mkdir()
+    oom = dict(_reference_record("L1/4_D", 2.0, 2.0), correct=False, failure="crash",
+               message="out of memory (OutOfMemoryError: CUDA out of memory. Process 11 has 40.00 GiB memory in use.")
+    oom["metadata"] = {"verify": {"gpu_memory_holders": {"11": "40.00 GiB: the spare worker of cuda:0"}}}
     records = [_reference_record("L1/1_A", 2.0, 2.01), _reference_record("L1/2_B", 2.0, 2.1),
-               _reference_record("L1/3_C", 20.0, 29.0, charged=9.0)]
+               _reference_record("L1/3_C", 20.0, 29.0, charged=9.0), oom]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     script = ROOT / "scripts" / "gpu" / "eval_references.py"
     env = {**os.environ, "OUT": str(tmp_path / "out")}  # the merged report's folder
@@ -67,6 +70,7 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     header = next(line for line in out.stdout.splitlines() if line.startswith("level"))
     assert "within 2% of eager" in header and "within 10% of eager" in header
     row = next(line for line in out.stdout.splitlines() if line.startswith("L1 ")).split()
-    assert row[1:3] == ["3", "3"] and row[-2:] == ["1", "2"]  # within 2%: A; within 10%: A and B
+    assert row[1:3] == ["4", "3"] and row[-2:] == ["1", "2"]  # within 2%: A; within 10%: A and B
     assert "charged by timing.wall-clock (a reference never should be): 1: L1/3_C: +9 ms" in out.stdout
+    assert "L1/4_D ran out of GPU memory; held by: 11 40.00 GiB: the spare worker of cuda:0" in out.stdout
     assert (tmp_path / "out" / "summary.json").is_file()

@@ -152,6 +152,9 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "baseline_seconds": round(baseline_s, 1),
         "mean_task_latency": round(statistics.mean(secs), 2) if secs else None,
         "not_correct": [f"{t['task_id']}: {t['failure']}: {t['message'][:100]}" for t in tasks if not t["correct"]],
+        # who held the GPU's memory when a reference ran out of it (the judge's pool roles)
+        "out_of_memory_holders": {t["task_id"]: h for t in tasks if not t["correct"]
+                                  for h in [_holders(t["metadata"])] if h},
         "speedup_vs_eager_off_by_10pct": far,
         "speedup_vs_eager_off_by_2pct": off2,
         "verify_phase_median_seconds": {k: round(statistics.median(v), 3) for k, v in phases.items()},
@@ -159,6 +162,13 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "charged_by_the_trusted_clock": charged,
         "timing_spread_over_5pct": noisy,  # still unsteady after the repeats (candidate or baseline)
     }
+
+
+def _holders(meta: dict) -> dict:
+    for part in (meta.get("verify"), meta.get("profile"), meta):
+        if isinstance(part, dict) and isinstance(part.get("gpu_memory_holders"), dict):
+            return part["gpu_memory_holders"]
+    return {}
 
 
 def print_table(report: dict, summary: dict) -> None:
@@ -187,6 +197,8 @@ def print_table(report: dict, summary: dict) -> None:
         print(f"not correct ({len(summary['not_correct'])}):")
         for line in summary["not_correct"][:20]:
             print("  " + line)
+    for task, holders in (summary.get("out_of_memory_holders") or {}).items():
+        print(f"  {task} ran out of GPU memory; held by: " + "; ".join(f"{pid} {what}" for pid, what in holders.items()))
     if summary.get("timing_spread_over_5pct"):
         print(f"timing spread > 5%: {len(summary['timing_spread_over_5pct'])}: " + ", ".join(summary["timing_spread_over_5pct"][:15]))
     if summary.get("charged_by_the_trusted_clock"):

@@ -469,9 +469,34 @@ class Judge:
         try:
             r, first = self._submit(job, _killed_outside)
         except JobError as exc:
+            meta = {"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]}
+            holders = self._memory_holders(exc.message + " " + exc.details[-3000:])
+            if holders:
+                meta["gpu_memory_holders"] = holders
             return result(ok=False, failure=exc.failure, message=exc.message, seconds=time.monotonic() - t0,
-                          metadata={"reason": exc.reason, "device": exc.device, "details": exc.details[-3000:]})
-        return _after_rerun(r, first)
+                          metadata=meta)
+        r = _after_rerun(r, first)
+        if not getattr(r, "ok", True) and isinstance(getattr(r, "metadata", None), dict):
+            holders = self._memory_holders(str(getattr(r, "message", "")))
+            if holders:
+                r.metadata["gpu_memory_holders"] = holders
+        return r
+
+    def _memory_holders(self, message: str) -> dict[str, str]:
+        """For a job that ran out of GPU memory: what each process the message names held
+        and what it is to this judge's pool (its job's worker, a spare, a candidate process,
+        something else); {} otherwise."""
+        if "out of memory" not in message:
+            return {}
+        pool = getattr(self.executor, "_pool", None)
+        if pool is None or not hasattr(pool, "worker_pids"):
+            return {}
+        from ..executors.memory_holders import describe
+
+        try:
+            return describe(message, pool.worker_pids())
+        except Exception:  # noqa: BLE001 - a diagnosis never fails the job's result
+            return {}
 
     def _submit(self, job: Job, killed: Any) -> tuple[Any, Any]:
         """``job``'s result, and None; or, when ``killed(result)`` (its candidate process was
