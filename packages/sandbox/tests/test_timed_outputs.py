@@ -97,6 +97,8 @@ def test_wide_sums_of_squares_match_the_reference():
     narrow, wide = rotation.Checksums(3), rotation.Checksums(3, wide=True)
     want = wide.expected(ref, 1e-2, 1e-2)
     assert want["largest"] > rotation.WIDE_ABOVE and rotation.largest_finite(out) > rotation.WIDE_ABOVE
+    assert rotation.largest_finite(torch.tensor([1.0, float("nan"), -2.0, float("inf")])) == 2.0  # finite ones
+    assert rotation.largest_finite([torch.tensor([3, -9]), torch.zeros(0)]) == 9.0
 
     def stats(c):
         row = c.slots(1)[0]

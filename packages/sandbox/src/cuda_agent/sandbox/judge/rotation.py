@@ -475,9 +475,10 @@ def largest_finite(obj: Any) -> float:
         flat = _flat(t)
         if flat.numel() == 0:
             continue
-        fin = flat[torch.isfinite(flat)] if not bool(torch.isfinite(flat).all()) else flat
-        if fin.numel():
-            most = max(most, float(fin.abs().max()))
+        low, high = (float(v) for v in torch.aminmax(flat))  # no temporary of the output's size
+        if not (math.isfinite(low) and math.isfinite(high)):  # NaN/Inf present: the finite ones only
+            low, high = (float(v) for v in torch.aminmax(torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)))
+        most = max(most, abs(low), abs(high))
     return most
 
 
