@@ -491,7 +491,12 @@ class CandidateTimer:
                 return None, bad
             if (self.full, self.wide) != was:
                 # a timed call's reference is not finite, or too large for float32 squares:
-                # timed again, its NaN/Inf compared or its squares summed in float64
+                # timed again, its NaN/Inf compared or its squares summed in float64, against
+                # the loop's own work measured again with those checksums (they cost more; the
+                # reference alone decides this, so a candidate cannot choose when it happens)
+                if self._profiler is not None:
+                    with self.clock("own_work"):
+                        self.measure_overhead(self._profiler, calls=self.own_calls(n))
                 continue
             made += 1
             charge = None
