@@ -74,3 +74,24 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     assert "charged by timing.wall-clock (a reference never should be): 1: L1/3_C: +9 ms" in out.stdout
     assert "L1/4_D ran out of GPU memory; held by: 11 40.00 GiB: the spare worker of cuda:0" in out.stdout
     assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_the_recheck_list_names_kernelbench_tasks_once_each():
+    """scripts/gpu/references_recheck.txt, read as --ids-file reads it: ids of KernelBench's
+    form, no repeats, merged with --ids; each one a task file where KernelBench is at hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_references", ROOT / "scripts" / "gpu" / "eval_references.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    listed = ROOT / "scripts" / "gpu" / "references_recheck.txt"
+    ids = mod.ids_wanted(None, str(listed))
+    assert len(ids) == len(set(ids)) == 71
+    assert all(i[:2] in ("L1", "L2", "L3") and i[2] == "/" and "#" not in i for i in ids)
+    assert mod.ids_wanted("L1/19_ReLU, L2/1_*", str(listed))[:2] == ["L1/19_ReLU", "L2/1_*"]
+    env = os.environ.get("CUDA_AGENT_KERNELBENCH")
+    kb = next((p for p in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "kernelbench"]
+               if (p / "level1").is_dir()), None)
+    if kb is not None:
+        missing = [i for i in ids if not (kb / f"level{i[1]}" / f"{i[3:]}.py").is_file()]
+        assert not missing, missing

@@ -58,6 +58,18 @@ def write_solutions(root: Path, dest: Path) -> int:
     return n
 
 
+def ids_wanted(ids: str | None, ids_file: str | None) -> list[str]:
+    """Task ids (globs allowed) from ``--ids`` (comma separated) and ``--ids-file`` (one a
+    line; blank lines and ``#`` comments skipped)."""
+    out = [i.strip() for i in (ids or "").split(",") if i.strip()]
+    if ids_file:
+        for line in Path(ids_file).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                out.append(line)
+    return out
+
+
 def overrides(args, root: Path, out_dir: Path) -> list[str]:
     ov = [
         f"eval.dataset.name=kernelbench",
@@ -72,8 +84,9 @@ def overrides(args, root: Path, out_dir: Path) -> list[str]:
         ov.append(f"eval.levels=[{args.levels}]")
     if args.limit is not None:
         ov.append(f"eval.limit={args.limit}")
-    if args.ids:
-        ov.append("eval.ids=[" + ",".join(args.ids.split(",")) + "]")
+    ids = ids_wanted(args.ids, args.ids_file)
+    if ids:
+        ov.append("eval.ids=[" + ",".join(ids) + "]")
     if args.shard:
         ov.append(f"eval.shard='{args.shard}'")
     if args.workers:
@@ -278,6 +291,8 @@ def main() -> None:
     ap.add_argument("--levels", help="e.g. 1 or 1,2")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--ids", help="only these task ids, comma separated (globs allowed), e.g. L1/19_ReLU")
+    ap.add_argument("--ids-file", help="only the task ids listed in this file, one a line (# comments), "
+                                       "e.g. scripts/gpu/references_recheck.txt")
     ap.add_argument("--shard", help="i/n: every n-th task starting at i (0-based)")
     ap.add_argument("--workers", type=int, help="tasks in flight (default: 2 per GPU)")
     ap.add_argument("--resume", help="continue this run folder")
