@@ -133,6 +133,7 @@ class Rotation:
         self.fresh = bool(pristine) and draws_fresh(pristine[0]) and get_inputs is not None
         self._signs: dict[int, list] = {}
         self._buffers: dict[tuple, Any] = {}
+        self._gpu: int | None = None  # the GPU whose generator seed_call seeds (-1: none)
         self.base = derived(self.seed, 1) % OFFSETS
         self.step = (derived(self.seed, 2) % OFFSETS) | 1  # odd: a set's offsets differ for 2**14 visits
 
@@ -152,12 +153,13 @@ class Rotation:
 
         s = derived(self.seed, 4, j) & 0x7FFFFFFF
         torch.default_generator.manual_seed(s)
-        dev = torch.device(self.device)
-        if dev.type == "cuda":
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if self._gpu is None:  # the device's generator, found once (this runs before every timed call)
+            dev = torch.device(self.device)
+            self._gpu = -1 if dev.type != "cuda" else (dev.index if dev.index is not None else torch.cuda.current_device())
+        if self._gpu >= 0:
             gens = torch.cuda.default_generators
-            if idx < len(gens):
-                gens[idx].manual_seed(s)
+            if self._gpu < len(gens):
+                gens[self._gpu].manual_seed(s)
             else:  # CUDA not initialised yet in this process
                 torch.cuda.manual_seed(s)
 
