@@ -127,7 +127,8 @@ def test_a_forged_reply_of_the_timing_loop_is_timed_by_the_trusted_clock(executo
     p = job(executor, ws, attack.kind, candidate(attack), **attack.options())
     assert p.ok, p.message
     charged = p.metadata.get("timing_charged")
-    assert charged and charged["rule"] == "timing.wall-clock" and charged["charged_ms_per_call"] > 0, p.metadata
+    seen = {k: p.metadata.get(k) for k in ("timing_loops", "loop_overhead_ms", "cpu_threads", "timing_attempts")}
+    assert charged and charged["rule"] == "timing.wall-clock" and charged["charged_ms_per_call"] > 0, (p.message, seen)
     assert "timed by the trusted clock" in p.message and "rule timing.wall-clock" in p.message, p.message
     assert honest_or_refused(executor, ws, p, honest_ms) == "honest"
 
