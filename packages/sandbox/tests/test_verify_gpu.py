@@ -140,3 +140,36 @@ def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     assert verify_file(str(p), ref, "cuda", VerifyOptions(seed=1)).ok  # eagerly it is correct
     cheat = profile_file(str(p), ref, "cuda", opts)
     assert not cheat.ok and cheat.failure is FailureCategory.WRONG_RESULT, cheat.message
+
+
+BIG_REF = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.avg_pool2d(x, 11)
+
+    def get_inputs():
+        return [torch.rand(ROWS, 2048, 2048)]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+@pytest.mark.gpu
+def test_a_candidate_process_gives_its_cache_back_after_each_run(tmp_path):
+    """An input of a fifth of the GPU's memory (KernelBench L1/45's 16 GiB on an 80 GB card):
+    the candidate's process poisons up to half the free memory before each run, and if it kept
+    those blocks cached the trusted side could not draw the next input set (L1/45 ran out of
+    memory so on an H100). Verification passes and says what the candidate's process released."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    rows = max(1, total // 5 // (2048 * 2048 * 4))
+    ref = tmp_path / "ref.py"
+    ref.write_text(BIG_REF.replace("ROWS", str(rows)))
+    sol = tmp_path / "sol.py"
+    sol.write_text(BIG_REF.replace("ROWS", str(rows)) + "\n\nclass ModelNew(Model):\n    pass\n")
+    r = verify_file(str(sol), str(ref), "cuda", VerifyOptions(seed=1, rules="none"))
+    assert r.ok, r.message
+    assert r.metadata["candidate_cache_released_bytes"] >= rows * 2048 * 2048 * 4, r.metadata

@@ -15,7 +15,7 @@ from . import rotation
 from .candidate_state import CandidateState, error_reply, export, inputs_for, refilled, refused
 from .inputs import nbytes
 from .op_guard import ForbiddenOpError, GuardOptions, forward_guard
-from .poisoning import fill_uninitialized, poison_allocator
+from .poisoning import fill_uninitialized, poison_allocator, release_cached
 from .watchdog import VerifyTimeout, deadline, synchronize
 
 
@@ -63,6 +63,9 @@ def do_run(st: CandidateState, msg: dict) -> tuple[dict, list[int]]:
     except Exception as exc:  # noqa: BLE001 - an output that cannot be handed back
         return {"ok": False, "error": error_reply(exc)}, []
     reply["output"] = spec
+    # the inputs and the poisoned blocks, freed, back to the driver before the trusted side
+    # draws the next input set (the output stays: the trusted side maps or copies it)
+    reply["cache_released_bytes"] = release_cached(st.device)
     return reply, fds
 
 

@@ -12,7 +12,10 @@ made visible instead, two ways, while the candidate runs in its process:
   emptied and a large block (at least four times the inputs plus reference outputs, at most
   half the free memory) plus a set of small blocks are allocated, filled with 0xFF bytes
   (NaN in every float format) and freed, so memory the allocator hands out later -- also to
-  code that bypasses the fill -- holds NaN rather than an earlier result.
+  code that bypasses the fill -- holds NaN rather than an earlier result. Once the run is
+  over, :func:`release_cached` hands those blocks back to the driver: held in this process's
+  cache they are memory the trusted process cannot allocate for the next input set (a task
+  with 16 GiB inputs left the trusted side short of memory on an 80 GB GPU).
 
 Memory obtained outside torch (a raw ``cudaMalloc`` in the kernel code) is not covered, but
 such memory cannot be returned as a torch output without going through torch.
@@ -71,3 +74,18 @@ def poison_allocator(device: Any, nbytes_hint: int = 0) -> int:
     total = sum(b.numel() for b in blocks)
     del blocks
     return total
+
+
+def release_cached(device: Any) -> int:
+    """After a run: hand every free block of the CUDA caching allocator (the poisoned ones
+    among them) back to the driver; the output handed back stays allocated. Returns the
+    bytes released (0 off CUDA)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0
+    torch.cuda.synchronize(dev)
+    free = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    torch.cuda.empty_cache()
+    return max(0, int(free))

@@ -424,6 +424,9 @@ class Verification:
         self.last_call_ms = (time.perf_counter() - t) * 1e3
         if "poisoned_bytes" in reply:
             self.meta["poisoned_bytes"] = reply["poisoned_bytes"]
+        if isinstance(reply.get("cache_released_bytes"), int):
+            self.meta["candidate_cache_released_bytes"] = max(reply["cache_released_bytes"],
+                                                              self.meta.get("candidate_cache_released_bytes", 0))
         guard = reply.get("guard") if isinstance(reply.get("guard"), dict) else None
         if guard is not None:
             self.meta["allowed_torch_calls"] = _counts(guard.get("allowed_calls"))
