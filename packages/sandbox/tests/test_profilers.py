@@ -228,6 +228,17 @@ def test_work_forked_onto_a_second_stream_is_timed_by_graph_replay():
     assert used.options.cuda_graph and t.method == "cuda_events+graph" and "parallel" in t.mode_reason
     t, used = time_for_task(prof, chain, [[x]], "cuda", None, 0.01, 3)
     assert not used.options.cuda_graph and t.method == "cuda_events"
+    # the check printed its graph without torch's debug mode, which is the whole process's:
+    # in it every later capture keeps its graph and says so (the trusted side's baselines
+    # would capture otherwise than the candidate's process)
+    import warnings
+
+    g = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(g):
+            chain(x)
+    assert not [w for w in said if "DEBUG" in str(w.message)], [str(w.message) for w in said]
 
 
 def test_settled_waits_for_per_call_times_to_level_off():

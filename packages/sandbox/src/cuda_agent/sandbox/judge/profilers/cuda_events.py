@@ -310,17 +310,19 @@ class CudaEventsProfiler(TwoPhaseProfiler):
         """The DOT text of one call captured into a CUDA graph (after a warm-up call).
 
         The graph is kept after capture (``keep_graph``) so that its topology can be
-        printed; torch's ``debug_dump`` is tried first, then the CUDA runtime's
-        ``cudaGraphDebugDotPrint`` on the raw graph. Raises :class:`ProfilerError` naming
+        printed, not through torch's debug mode where ``keep_graph`` exists: that mode is
+        the process's, not the graph's, and the trusted side's timings should capture as
+        the candidate's process does. torch's ``debug_dump`` is tried first, then the CUDA
+        runtime's ``cudaGraphDebugDotPrint`` on the raw graph. Raises :class:`ProfilerError` naming
         what was tried when neither writes the file."""
         import torch
 
         CudaEventsProfiler._warm_up_for_capture(fn, [args], dev)
         try:
             g = torch.cuda.CUDAGraph(keep_graph=True)
-        except TypeError:  # torch before keep_graph
-            g = torch.cuda.CUDAGraph()
-        g.enable_debug_mode()
+        except TypeError:  # torch before keep_graph: only its debug mode keeps the graph, and
+            g = torch.cuda.CUDAGraph()  # that mode is the whole process's (every later capture
+            g.enable_debug_mode()  # keeps its graph too), so it is used only where it must be
         out = None
         try:
             with torch.cuda.graph(g):
