@@ -58,6 +58,7 @@ SCRIPTS: dict[str, tuple[list[str], int, str, int]] = {
     "bench_judge_throughput": (["--n", "24", "--levels", "1,2", "--paths", "after", "--passes", "fresh",
                                 "--work", "/root/bench-work"], 560,
                                "issue 31: candidates per minute per GPU, GPU busy, phase and timing-loop medians", 1),
+    "graph_paths": ([], 240, "issue 31: graph-mode timing taken apart: loop, process, debug mode (reference vs its baseline)", 1),
     "bench_compare": ([], 120, "issue 31: verification's compare phase on a 6.4 GB output, and where its time goes", 1),
     "bench_build_header": ([], 420, "issue 31: what a precompiled torch/extension.h saves a load_inline build", 1),
     "bench_trainer_vs_trl": ([], 240, "issue 22: our GRPO step vs TRL's GRPOTrainer, same tiny bf16 policy and batch", 1),

@@ -1,0 +1,213 @@
+"""Why a reference timed by CUDA-graph replay can come out faster as its own candidate than as
+its eager baseline: the graph-mode timing taken apart, factor by factor, on the same task.
+
+In graph mode (tasks whose eager call runs on parallel streams, or stays unsteady) the
+candidate's judged time has been 2-11% below the eager baseline's for the reference itself,
+while in the plain mode the two agree within 1%. The two timings differ in three ways: the
+loop around the replays (the baseline perturbs inputs in place; the candidate's loop rotates
+inputs, seeds the generators and checksums every output), the process (the baseline is timed
+in the trusted process, the candidate in a process of its own), and what that process did
+before (the trusted side's parallel-branch check prints a captured graph, which in torch
+switches CUDA-graph debug mode on for the whole process). Per task, all in graph mode:
+
+* ``eager``       the baseline's loop (inputs perturbed), in this process, before anything else
+* ``replay``      the same replays with nothing between them but the L2 flush
+* ``rotate``      inputs rotated and generators seeded before every replay (the candidate's prepare)
+* ``checksum``    every output checksummed after its replay (the candidate's after)
+* ``candidate``   rotation and checksums together: the candidate's loop, in this process
+* ``eager_fresh`` the baseline's loop in a new process that has done nothing else
+* ``eager_debug`` the baseline's loop once CUDA-graph debug mode is on in this process
+* ``baseline``    the trusted path itself (``measure_baselines_record``, a cache of its own)
+* ``judged``      the reference judged as its own candidate (``evaluate_workspace``)
+
+Reading it: ``candidate`` below ``eager`` puts the cause in the loop; ``judged`` below
+``candidate`` and ``eager_fresh`` at ``judged`` puts it in the process; ``eager_debug`` or
+``baseline`` above ``eager`` puts it in the debug mode.
+
+    python3 scripts/gpu/graph_paths.py --ids 'L3/39_*,L1/71_*,L3/35_*,L3/19_*'
+
+KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the rows go to
+``$OUT/graph_paths.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate")
+COLUMNS = IN_PROCESS + ("eager_fresh", "eager_debug", "baseline", "judged")
+
+
+def graph_profiler(device: str):
+    """The judge's default profiler in its steadier mode (CUDA-graph replay); on the CPU
+    (a smoke run of this script) the wall-clock profiler as it is."""
+    from cuda_agent.sandbox.judge.profilers import get_profiler
+
+    prof = get_profiler("wallclock" if device == "cpu" else "cuda_events", {})
+    return (prof.steadier() if hasattr(prof, "steadier") else None) or prof
+
+
+def reference(code: str, work: Path, device: str):
+    """The task's reference model and its timing input sets, built as the baselines build them."""
+    from cuda_agent.sandbox.judge.baselines.reference import build_reference, load_code, rotation_sets
+
+    ref_mod = load_code(code, work)
+    model, _init = build_reference(ref_mod, device, 0)
+    return ref_mod, model, rotation_sets(ref_mod.get_inputs, device, 0, 0)
+
+
+def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
+    """One graph-mode timing of ``model`` with the loop ``name`` names (see the module notes)."""
+    import torch
+
+    from cuda_agent.sandbox.judge import rotation
+    from cuda_agent.sandbox.judge.inputs import perturb_
+    from cuda_agent.sandbox.judge.precision import precision_context
+    from cuda_agent.sandbox.judge.profilers.base import continuous_steps
+
+    prof = graph_profiler(device)
+    k = len(sets)
+    work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in s] for s in sets]
+    prepare = after = None
+    if name in ("eager", "eager_fresh", "eager_debug"):
+        prepare = continuous_steps(work, lambda step, args: perturb_(args, step // k))
+    seed = 12345
+    if name in ("rotate", "candidate"):
+        rot = rotation.Rotation(seed, sets, ref_mod.get_inputs, device)
+        rot.prepare()
+        prepare = lambda j, _args: rot.fill(j, work[j % k])  # noqa: E731
+    with precision_context("fp32-strict"), torch.no_grad():
+        run = prof.begin(model, work, device)
+        n = prof.iterations(run.estimate_ms)
+        if name in ("checksum", "candidate"):
+            outs = getattr(prof, "_graph_outputs", None) or []
+            checks = rotation.Checksums(rotation.derived(seed, 5), device)
+            longest = max((t.numel() for o in outs for t in rotation._tensors(o)), default=1)
+            checks.prepare(longest)
+            slots = checks.slots(n)
+
+            def after(j, out):  # noqa: F811 - the candidate's after
+                checks.into(out if out is not None else outs[j % k], slots[j])
+
+        samples, info = prof.loop(run, n, prepare, after)
+        t = prof.finish(samples, run.method, run.warmup_ms, info)
+    del work
+    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n}
+
+
+def fresh_process(task_id: str, root: str | None, device: str) -> dict:
+    """``eager`` timed by a new Python process that does nothing else."""
+    cmd = [sys.executable, __file__, "--ids", task_id, "--device", device, "--only", "eager"]
+    if root:
+        cmd += ["--root", root]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240).stdout
+        row = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        return row.get("eager", {"error": "no timing"})
+    except Exception as exc:  # noqa: BLE001 - one missing column must not stop the others
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def judged(t, work: Path, device: str) -> dict:
+    from cuda_agent.evaluation.scoring import make_workspace
+    from cuda_agent.sandbox.judge import jobs
+
+    ws = make_workspace(t, work / "ws", device)
+    (ws / "model_new.py").write_text(t.code + "\n\nclass ModelNew(Model):\n    pass\n")
+    cache = work / "judged-cache"
+    v, p = jobs.evaluate_workspace(str(ws), device, jobs.VerifyOptions(weights="auto", rules="none"),
+                                   jobs.ProfileOptions(baseline_cache_dir=str(cache), weights="auto",
+                                                       compile_baseline=False))
+    if p is None or not p.ok:
+        return {"error": (p.message if p else v.message)[:200]}
+    meta = p.metadata or {}
+    return {"ms": p.candidate.median_ms, "spread": round(p.candidate.spread, 4), "eager_ms": p.eager.median_ms if p.eager else None,
+            "timing_mode": meta.get("timing_mode", "")}
+
+
+def baseline(t, work: Path, device: str) -> dict:
+    from cuda_agent.sandbox.judge.baselines import BaselineOptions, measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines.cache import BaselineCache
+
+    cache = work / "baseline-cache"
+    e, _c, rec = measure_baselines_record(t.code, device, BaselineOptions(cache_dir=str(cache), compile=False),
+                                          BaselineCache(cache))
+    return {"ms": e.median_ms, "spread": round(e.spread, 4), "timing_mode": rec.get("timing_mode", "")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ids", default="L3/39_*,L1/71_*,L3/35_*,L3/19_*")
+    ap.add_argument("--root")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", help="comma-separated columns of this process (the rest are skipped)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    import torch
+
+    from bench_judge_throughput import tasks_matching
+    from cuda_agent.sandbox.judge.baselines.measure import free_device_memory
+
+    only = set(args.only.split(",")) if args.only else set(COLUMNS)
+    rows = []
+    for t in tasks_matching(args.root, args.ids):
+        row: dict = {"task": t.id}
+        work = Path(tempfile.mkdtemp(prefix="graph-paths-"))
+        os.chmod(work, 0o755)
+        try:
+            ref_mod, model, sets = reference(t.code, work, args.device)
+            for name in IN_PROCESS:
+                if name in only:
+                    try:
+                        row[name] = time_variant(name, ref_mod, model, sets, args.device)
+                    except Exception as exc:  # noqa: BLE001
+                        row[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            if "eager_fresh" in only:
+                row["eager_fresh"] = fresh_process(t.id, args.root, args.device)
+            if "eager_debug" in only:
+                if args.device != "cpu":
+                    torch.cuda.CUDAGraph().enable_debug_mode()  # process-wide in torch
+                row["eager_debug"] = time_variant("eager_debug", ref_mod, model, sets, args.device)
+            del model, sets
+            free_device_memory(args.device)
+            if "baseline" in only:
+                row["baseline"] = baseline(t, work, args.device)
+                free_device_memory(args.device)
+            if "judged" in only:
+                row["judged"] = judged(t, work, args.device)
+                free_device_memory(args.device)
+        except Exception as exc:  # noqa: BLE001 - one broken task must not stop the others
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        shutil.rmtree(work, ignore_errors=True)
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+    if args.only:
+        return
+    shown = [c for c in COLUMNS if c in only]
+    print("\nms per call, graph replay; in brackets: relative to `eager`")
+    print("| task | " + " | ".join(shown) + " |")
+    print("| --- |" + " ---: |" * len(shown))
+    for r in rows:
+        base = (r.get("eager") or {}).get("ms")
+        cells = []
+        for c in shown:
+            d = r.get(c) or {}
+            if "ms" not in d:
+                cells.append(str(d.get("error", r.get("error", "-")))[:40])
+            else:
+                cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else ""))
+        print(f"| {r['task']} | " + " | ".join(cells) + " |")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "graph_paths.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
