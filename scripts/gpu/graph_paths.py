@@ -8,7 +8,8 @@ loop around the replays (the baseline perturbs inputs in place; the candidate's 
 inputs, seeds the generators and checksums every output), the process (the baseline is timed
 in the trusted process, the candidate in a process of its own), and what that process did
 before (the trusted side's parallel-branch check prints a captured graph, which in torch
-switches CUDA-graph debug mode on for the whole process). Per task, all in graph mode:
+switches CUDA-graph debug mode on for the whole process). Per task, by graph replay (plain
+calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1/11):
 
 * ``eager``       the baseline's loop (inputs perturbed), in this process, before anything else
 * ``replay``      the same replays with nothing between them but the L2 flush
@@ -25,6 +26,7 @@ Reading it: ``candidate`` below ``eager`` puts the cause in the loop; ``judged``
 ``baseline`` above ``eager`` puts it in the debug mode.
 
     python3 scripts/gpu/graph_paths.py --ids 'L3/39_*,L1/71_*,L3/35_*,L3/19_*'
+    python3 scripts/gpu/graph_paths.py --mode plain --ids 'L1/11_*'   # the same factors, plain calls
 
 KernelBench is found by --root or $CUDA_AGENT_KERNELBENCH. With OUT set, the rows go to
 ``$OUT/graph_paths.json``.
@@ -46,12 +48,17 @@ IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate")
 COLUMNS = IN_PROCESS + ("eager_fresh", "eager_debug", "baseline", "judged")
 
 
+MODE = {"graph": True}  # --mode: the in-process variants by graph replay, or as plain calls
+
+
 def graph_profiler(device: str):
-    """The judge's default profiler in its steadier mode (CUDA-graph replay); on the CPU
-    (a smoke run of this script) the wall-clock profiler as it is."""
+    """The judge's default profiler in its steadier mode (CUDA-graph replay; as it is with
+    ``--mode plain``); on the CPU (a smoke run of this script) the wall-clock profiler."""
     from cuda_agent.sandbox.judge.profilers import get_profiler
 
     prof = get_profiler("wallclock" if device == "cpu" else "cuda_events", {})
+    if not MODE["graph"]:
+        return prof
     return (prof.steadier() if hasattr(prof, "steadier") else None) or prof
 
 
@@ -105,7 +112,8 @@ def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
 
 def fresh_process(task_id: str, root: str | None, device: str) -> dict:
     """``eager`` timed by a new Python process that does nothing else."""
-    cmd = [sys.executable, __file__, "--ids", task_id, "--device", device, "--only", "eager"]
+    cmd = [sys.executable, __file__, "--ids", task_id, "--device", device, "--only", "eager",
+           "--mode", "graph" if MODE["graph"] else "plain"]
     if root:
         cmd += ["--root", root]
     try:
@@ -149,7 +157,10 @@ def main() -> None:
     ap.add_argument("--root")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", help="comma-separated columns of this process (the rest are skipped)")
+    ap.add_argument("--mode", choices=("graph", "plain"), default="graph",
+                    help="the in-process columns by CUDA-graph replay (default) or as plain calls")
     args = ap.parse_args()
+    MODE["graph"] = args.mode == "graph"
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     import torch
 
@@ -192,7 +203,8 @@ def main() -> None:
     if args.only:
         return
     shown = [c for c in COLUMNS if c in only]
-    print("\nms per call, graph replay; in brackets: relative to `eager`")
+    print(f"\nms per call ({'graph replay' if MODE['graph'] else 'plain calls'} in this process; `baseline` and "
+          f"`judged` in the task's own mode); in brackets: relative to `eager`")
     print("| task | " + " | ".join(shown) + " |")
     print("| --- |" + " ---: |" * len(shown))
     for r in rows:
