@@ -16,6 +16,11 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
 * ``rotate``      inputs rotated and generators seeded before every replay (the candidate's prepare)
 * ``checksum``    every output checksummed after its replay (the candidate's after)
 * ``candidate``   rotation and checksums together: the candidate's loop, in this process
+* ``eager_sync``  the baseline's loop with every call synchronised (what the warm-up decides
+                  when its last calls' host time runs past their events: work escaping to
+                  other streams, or a host that was late, e.g. waiting for the GIL)
+* ``eager_busy``  the baseline's loop while another Python thread of this process keeps busy,
+                  as a pool worker's threads may while a baseline is measured
 * ``eager_fresh`` the baseline's loop in a new process that has done nothing else
 * ``eager_debug`` the baseline's loop once CUDA-graph debug mode is on in this process
 * ``baseline``    the trusted path itself (``measure_baselines_record``, a cache of its own)
@@ -23,7 +28,10 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
 
 Reading it: ``candidate`` below ``eager`` puts the cause in the loop; ``judged`` below
 ``candidate`` and ``eager_fresh`` at ``judged`` puts it in the process; ``eager_debug`` or
-``baseline`` above ``eager`` puts it in the debug mode.
+``baseline`` above ``eager`` puts it in the debug mode; ``eager_sync`` at the slow baseline
+(and ``eager_busy`` synchronised, ``sync`` in its cell) puts it in the escape decision: a
+synchronised replay waits for its own launch, which is long for a graph of thousands of nodes.
+Each in-process cell says whether its loop synchronised every call (``sync``).
 
     python3 scripts/gpu/graph_paths.py --ids 'L3/39_*,L1/71_*,L3/35_*,L3/19_*'
     python3 scripts/gpu/graph_paths.py --mode plain --ids 'L1/11_*'   # the same factors, plain calls
@@ -44,7 +52,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate")
+IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate", "eager_sync", "eager_busy")
 COLUMNS = IN_PROCESS + ("eager_fresh", "eager_debug", "baseline", "judged")
 
 
@@ -73,6 +81,8 @@ def reference(code: str, work: Path, device: str):
 
 def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
     """One graph-mode timing of ``model`` with the loop ``name`` names (see the module notes)."""
+    import threading
+
     import torch
 
     from cuda_agent.sandbox.judge import rotation
@@ -84,30 +94,54 @@ def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
     k = len(sets)
     work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in s] for s in sets]
     prepare = after = None
-    if name in ("eager", "eager_fresh", "eager_debug"):
+    if name in ("eager", "eager_fresh", "eager_debug", "eager_sync", "eager_busy"):
         prepare = continuous_steps(work, lambda step, args: perturb_(args, step // k))
     seed = 12345
     if name in ("rotate", "candidate"):
         rot = rotation.Rotation(seed, sets, ref_mod.get_inputs, device)
         rot.prepare()
         prepare = lambda j, _args: rot.fill(j, work[j % k])  # noqa: E731
-    with precision_context("fp32-strict"), torch.no_grad():
-        run = prof.begin(model, work, device)
-        n = prof.iterations(run.estimate_ms)
-        if name in ("checksum", "candidate"):
-            outs = getattr(prof, "_graph_outputs", None) or []
-            checks = rotation.Checksums(rotation.derived(seed, 5), device)
-            longest = max((t.numel() for o in outs for t in rotation._tensors(o)), default=1)
-            checks.prepare(longest)
-            slots = checks.slots(n)
+    stop = threading.Event()
 
-            def after(j, out):  # noqa: F811 - the candidate's after
-                checks.into(out if out is not None else outs[j % k], slots[j])
+    def busy() -> None:  # pure-Python work: it holds the GIL whenever the timing loop lets go of it
+        while not stop.is_set():
+            sum(i * i for i in range(20000))
 
-        samples, info = prof.loop(run, n, prepare, after)
-        t = prof.finish(samples, run.method, run.warmup_ms, info)
+    spinner = threading.Thread(target=busy, daemon=True) if name == "eager_busy" else None
+    if spinner is not None:
+        spinner.start()
+    try:
+        with precision_context("fp32-strict"), torch.no_grad():
+            run = prof.begin(model, work, device)
+            decided = bool(run.state.get("sync_each")) if isinstance(run.state, dict) else None
+            if name == "eager_sync" and isinstance(run.state, dict):
+                run.state["sync_each"] = True
+            t, n, info = _loop(name, prof, run, prepare, after, seed, device, k)
+    finally:
+        stop.set()
+        if spinner is not None:
+            spinner.join()
     del work
-    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n}
+    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n, "sync_decided": decided,
+            "sync_each": info.get("sync_each"), "escaped": info.get("escaped")}
+
+
+def _loop(name: str, prof, run, prepare, after, seed: int, device: str, k: int):
+    """The timed loop of :func:`time_variant` (every output checksummed where ``name`` asks)."""
+    from cuda_agent.sandbox.judge import rotation
+
+    n = prof.iterations(run.estimate_ms)
+    if name in ("checksum", "candidate"):
+        outs = getattr(prof, "_graph_outputs", None) or []
+        checks = rotation.Checksums(rotation.derived(seed, 5), device)
+        checks.prepare(max((t.numel() for o in outs for t in rotation._tensors(o)), default=1))
+        slots = checks.slots(n)
+
+        def after(j, out):  # the candidate's after (graph replays return None: their static outputs)
+            checks.into(out if out is not None else outs[j % k], slots[j])
+
+    samples, info = prof.loop(run, n, prepare, after)
+    return prof.finish(samples, run.method, run.warmup_ms, info), n, info
 
 
 def fresh_process(task_id: str, root: str | None, device: str) -> dict:
@@ -215,7 +249,8 @@ def main() -> None:
             if "ms" not in d:
                 cells.append(str(d.get("error", r.get("error", "-")))[:40])
             else:
-                cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else ""))
+                cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else "")
+                             + (" sync" if d.get("sync_each") else ""))
         print(f"| {r['task']} | " + " | ".join(cells) + " |")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "graph_paths.json").write_text(json.dumps(rows, indent=1, default=str))
