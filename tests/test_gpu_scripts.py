@@ -38,9 +38,11 @@ def test_the_carried_wheels_come_first_when_setup_made_them(tmp_path):
     assert run_all.with_carried_wheels(f"/a{os.pathsep}{site}", site) == f"/a{os.pathsep}{site}"  # already there
 
 
-def _reference_record(task_id: str, eager_ms: float, cand_ms: float, charged: float = 0.0) -> dict:
+def _reference_record(task_id: str, eager_ms: float, cand_ms: float, charged: float = 0.0,
+                      methods: tuple[str, str] = ("cuda_events", "cuda_events")) -> dict:
     level = int(task_id[1])
-    profile = {"baseline_cache": "hit", "phase_seconds": {}}
+    profile = {"baseline_cache": "hit", "phase_seconds": {},
+               "timing_methods": {"eager": methods[0], "candidate": methods[1]}}
     if charged:
         profile["timing_charged"] = {"rule": "timing.wall-clock", "charged_ms_per_call": charged}
     return {"task_id": task_id, "level": level, "name": task_id.split("/", 1)[1], "correct": True, "failure": "none",
@@ -51,7 +53,8 @@ def _reference_record(task_id: str, eager_ms: float, cand_ms: float, charged: fl
 
 def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_path):
     """eval_references --merge: the table counts the references within 2% of 1x (the target)
-    beside those within 10%, and lists the ones the trusted clock charged."""
+    beside those within 10%, and lists the ones the trusted clock charged and the ones whose
+    eager and candidate loops ran differently."""
     import json
 
     run = tmp_path / "run"
@@ -59,7 +62,8 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     oom = dict(_reference_record("L1/4_D", 2.0, 2.0), correct=False, failure="crash",
                message="out of memory (OutOfMemoryError: CUDA out of memory. Process 11 has 40.00 GiB memory in use.")
     oom["metadata"] = {"verify": {"gpu_memory_holders": {"11": "40.00 GiB: the spare worker of cuda:0"}}}
-    records = [_reference_record("L1/1_A", 2.0, 2.01), _reference_record("L1/2_B", 2.0, 2.1),
+    records = [_reference_record("L1/1_A", 2.0, 2.01),
+               _reference_record("L1/2_B", 2.0, 2.1, methods=("cuda_events+graph+sync", "cuda_events+graph")),
                _reference_record("L1/3_C", 20.0, 29.0, charged=9.0), oom]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     script = ROOT / "scripts" / "gpu" / "eval_references.py"
@@ -73,6 +77,8 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     assert row[1:3] == ["4", "3"] and row[-2:] == ["1", "2"]  # within 2%: A; within 10%: A and B
     assert "charged by timing.wall-clock (a reference never should be): 1: L1/3_C: +9 ms" in out.stdout
     assert "L1/4_D ran out of GPU memory; held by: 11 40.00 GiB: the spare worker of cuda:0" in out.stdout
+    assert ("candidate and eager loops ran differently: 1: L1/2_B: eager cuda_events+graph+sync, "
+            "candidate cuda_events+graph") in out.stdout
     assert (tmp_path / "out" / "summary.json").is_file()
 
 

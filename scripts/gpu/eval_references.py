@@ -151,6 +151,10 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
     # for the reference itself that is the judge's own work showing, never the kernel's
     charged = [f"{t['task_id']}: +{(t['metadata'].get('profile') or {})['timing_charged'].get('charged_ms_per_call', 0):.4g} ms"
                for t in tasks if (t["metadata"].get("profile") or {}).get("timing_charged")]
+    # a speedup whose two timings ran their loops differently (one synchronised every call)
+    unlike = [f"{t['task_id']}: eager {m.get('eager')}, candidate {m.get('candidate')}" for t in tasks
+              for m in [(t["metadata"].get("profile") or {}).get("timing_methods") or {}]
+              if m.get("eager") and m.get("candidate") and m["eager"] != m["candidate"]]
     return {
         "tasks": len(tasks),
         "scored_this_call": len(new),
@@ -173,6 +177,7 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "verify_phase_median_seconds": {k: round(statistics.median(v), 3) for k, v in phases.items()},
         "timings_repeated": len(repeated),  # a noisy measurement was taken again
         "charged_by_the_trusted_clock": charged,
+        "timed_unlike_their_eager": unlike,
         "timing_spread_over_5pct": noisy,  # still unsteady after the repeats (candidate or baseline)
     }
 
@@ -217,6 +222,9 @@ def print_table(report: dict, summary: dict) -> None:
     if summary.get("charged_by_the_trusted_clock"):
         print(f"charged by timing.wall-clock (a reference never should be): {len(summary['charged_by_the_trusted_clock'])}: "
               + ", ".join(summary["charged_by_the_trusted_clock"][:15]))
+    if summary.get("timed_unlike_their_eager"):
+        print(f"candidate and eager loops ran differently: {len(summary['timed_unlike_their_eager'])}: "
+              + "; ".join(summary["timed_unlike_their_eager"][:15]))
     if summary.get("speedup_vs_eager_off_by_2pct"):
         print(f"correct but >2% from 1x vs eager: {len(summary['speedup_vs_eager_off_by_2pct'])}: "
               + ", ".join(summary["speedup_vs_eager_off_by_2pct"][:15]))

@@ -130,7 +130,7 @@ def test_cuda_events_times_a_matmul():
     assert 0.0 <= p.warmup_drift(torch.matmul, sets, "cuda") < 0.5
     gp = CudaEventsProfiler(CudaEventsProfiler.Options(target_ms=100, cuda_graph=True))
     g = gp.time(torch.matmul, sets, "cuda")
-    assert g.method.endswith("+graph") and 0.5 < g.median_ms / t.median_ms < 1.5
+    assert g.method.startswith("cuda_events+graph") and 0.5 < g.median_ms / t.median_ms < 1.5
     assert 0.0 <= gp.warmup_drift(torch.matmul, sets, "cuda") < 0.5  # on graph replays
     tp = TorchProfilerProfiler(TorchProfilerProfiler.Options(target_ms=50, repeats=3)).time(torch.matmul, sets, "cuda")
     assert 0.5 < tp.median_ms / t.median_ms < 1.5
@@ -366,3 +366,7 @@ def test_a_timed_loop_makes_only_its_timed_calls(monkeypatch):
     # what the warm-up's synchronised calls decide: host time past events and latency escapes
     assert not p.escapes([(1.0, 1.02)] * 5, latency=0.01)
     assert p.escapes([(1.0, 1.02)] * 4 + [(1.0, 1.5)], latency=0.01)
+    # and a timing says how its loop ran
+    assert p.finish([1.0] * 7, "cuda_events+graph", 10.0, {"sync_each": False, "escaped": 0}).method == "cuda_events+graph"
+    assert p.finish([1.0] * 7, "cuda_events", 10.0, {"sync_each": True, "escaped": 3}).method == "cuda_events+sync"
+    assert p.finish([1.0] * 7, "cuda_events", 10.0, {"sync_each": True, "escaped": 4}).method == "cuda_events+sync+host"

@@ -64,6 +64,8 @@ def test_a_model_with_dropout_is_timed_and_its_timed_outputs_pass(executor, tmp_
                  "torch.nn.functional.dropout(y, p=0.5, training=self.training)")
     assert p.ok, p.message
     assert p.metadata.get("spot_check") == "passed" and p.metadata.get("checksums_checked"), p.metadata
+    # and the result says how each timing's loop ran (the CPU backend: wall-clock calls)
+    assert p.metadata["timing_methods"] == {"candidate": "wallclock", "eager": "wallclock"}, p.metadata
 
 
 def test_outputs_past_float32_squares_are_summed_wide(executor, tmp_path):

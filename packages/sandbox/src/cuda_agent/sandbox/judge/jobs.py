@@ -401,6 +401,10 @@ def _profiled(cand_timing: Any, eager: Any, comp: Any, meta: dict, session: Any,
     unsteady = _unsteady(o.trust_spread, candidate=cand_timing, eager=eager, compile=comp)
     if unsteady:
         meta["unsteady"] = unsteady
+    # how each timing's loop ran (e.g. ``cuda_events+graph+sync``: every call synchronised):
+    # a speedup compares two timings that should have run alike
+    meta["timing_methods"] = {k: t.method for k, t in (("candidate", cand_timing), ("eager", eager), ("compile", comp))
+                              if t is not None and getattr(t, "method", "")}
     res = ProfileResult(ok=True, candidate=cand_timing, eager=eager, compile=comp, seconds=0.0, metadata=meta)
     meta.update({k: v for k, v in session.meta.items() if k not in meta})
     if "tf32_baselines" in meta and cand_timing.median_ms > 0:

@@ -199,7 +199,13 @@ class CudaEventsProfiler(TwoPhaseProfiler):
         return samples, {"sync_each": bool(sync_each), "escaped": escaped}
 
     def finish(self, samples: list[float], method: str, warmup_ms: float, info: dict | None = None) -> Timing:
+        """The samples summarised; the method says how the loop ran: ``+sync`` when every call
+        was synchronised (a synchronised call's events also hold its own launch: for a graph
+        of thousands of nodes, a share of the time that calls queued back to back hide), and
+        ``+host`` when most calls were then timed on the host."""
         timing = super().finish(samples, method, warmup_ms, info)
+        if (info or {}).get("sync_each"):
+            timing.method += "+sync"
         if (info or {}).get("escaped", 0) > len(samples) // 2:
             timing.method += "+host"  # most calls left work on other streams: host-timed
         return timing
