@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ALL = ROOT / "scripts" / "gpu" / "run_all.py"
 
@@ -82,17 +84,18 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     assert (tmp_path / "out" / "summary.json").is_file()
 
 
-def test_the_recheck_list_names_kernelbench_tasks_once_each():
-    """scripts/gpu/references_recheck.txt, read as --ids-file reads it: ids of KernelBench's
-    form, no repeats, merged with --ids; each one a task file where KernelBench is at hand."""
+@pytest.mark.parametrize("name,count", [("references_recheck.txt", 71), ("references_graph.txt", 26)])
+def test_the_recheck_lists_name_kernelbench_tasks_once_each(name, count):
+    """scripts/gpu/references_*.txt, read as --ids-file reads them: ids of KernelBench's form,
+    no repeats, merged with --ids; each one a task file where KernelBench is at hand."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("eval_references", ROOT / "scripts" / "gpu" / "eval_references.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    listed = ROOT / "scripts" / "gpu" / "references_recheck.txt"
+    listed = ROOT / "scripts" / "gpu" / name
     ids = mod.ids_wanted(None, str(listed))
-    assert len(ids) == len(set(ids)) == 71
+    assert len(ids) == len(set(ids)) == count
     assert all(i[:2] in ("L1", "L2", "L3") and i[2] == "/" and "#" not in i for i in ids)
     assert mod.ids_wanted("L1/19_ReLU, L2/1_*", str(listed))[:2] == ["L1/19_ReLU", "L2/1_*"]
     env = os.environ.get("CUDA_AGENT_KERNELBENCH")
