@@ -63,8 +63,8 @@ def do_run(st: CandidateState, msg: dict) -> tuple[dict, list[int]]:
     except Exception as exc:  # noqa: BLE001 - an output that cannot be handed back
         return {"ok": False, "error": error_reply(exc)}, []
     reply["output"] = spec
-    # the inputs and the poisoned blocks, freed, back to the driver before the trusted side
-    # draws the next input set (the output stays: the trusted side maps or copies it)
+    # the freed blocks (the poisoned ones, the draw's temporaries) back to the driver before the
+    # trusted side draws the next input set; the output and the held input set stay allocated
     reply["cache_released_bytes"] = release_cached(st.device)
     return reply, fds
 
