@@ -22,9 +22,21 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
 * ``eager_busy``  the baseline's loop while another Python thread of this process keeps busy,
                   as a pool worker's threads may while a baseline is measured
 * ``eager_fresh`` the baseline's loop in a new process that has done nothing else
+* ``eager_k1``    the baseline's loop on its first input set only (one graph replayed back to back)
+* ``eager_thread`` the baseline's loop from a new thread of this process
+* ``eager_harness`` the baseline's loop in a new process that first imports what a candidate's
+                  process imports (the judge's harness, torch._dynamo) and sets the precision
+                  policy as a candidate's load does
+* ``eager_poisoned`` the baseline's loop after one call as a verification runs it in a
+                  candidate's process (free memory poisoned, uninitialised tensors filled,
+                  deterministic algorithms on for that call)
 * ``eager_debug`` the baseline's loop once CUDA-graph debug mode is on in this process
 * ``baseline``    the trusted path itself (``measure_baselines_record``, a cache of its own)
 * ``judged``      the reference judged as its own candidate (``evaluate_workspace``)
+* ``profiled``    the reference timed as its own candidate without a verification before
+                  (``profile_workspace``: a candidate's process that ran nothing else)
+* ``judged_open`` ``judged`` with the candidate's process left unisolated (no privilege drop,
+                  PID, mount or network namespace)
 
 Reading it: ``candidate`` below ``eager`` puts the cause in the loop; ``judged`` below
 ``candidate`` and ``eager_fresh`` at ``judged`` puts it in the process; ``eager_debug`` or
@@ -52,8 +64,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate", "eager_sync", "eager_busy")
-COLUMNS = IN_PROCESS + ("eager_fresh", "eager_debug", "baseline", "judged")
+IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate", "eager_sync", "eager_busy", "eager_k1",
+              "eager_thread")
+COLUMNS = IN_PROCESS + ("eager_fresh", "eager_harness", "eager_poisoned", "eager_debug", "baseline", "judged",
+                        "profiled", "judged_open")
+EAGER_LOOPS = ("eager", "eager_fresh", "eager_harness", "eager_poisoned", "eager_debug", "eager_sync", "eager_busy",
+               "eager_k1", "eager_thread")
+OPEN_ENV = {"CUDA_AGENT_DROP_PRIVILEGES": "0", "CUDA_AGENT_JOB_PIDNS": "0", "CUDA_AGENT_JOB_MOUNTS": "0",
+            "CUDA_AGENT_JOB_NETWORK": "1"}
 
 
 MODE = {"graph": True}  # --mode: the in-process variants by graph replay, or as plain calls
@@ -91,10 +109,12 @@ def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
     from cuda_agent.sandbox.judge.profilers.base import continuous_steps
 
     prof = graph_profiler(device)
+    if name == "eager_k1":
+        sets = sets[:1]
     k = len(sets)
     work = [[v.clone() if isinstance(v, torch.Tensor) else v for v in s] for s in sets]
     prepare = after = None
-    if name in ("eager", "eager_fresh", "eager_debug", "eager_sync", "eager_busy"):
+    if name in EAGER_LOOPS:
         prepare = continuous_steps(work, lambda step, args: perturb_(args, step // k))
     seed = 12345
     if name in ("rotate", "candidate"):
@@ -110,20 +130,66 @@ def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
     spinner = threading.Thread(target=busy, daemon=True) if name == "eager_busy" else None
     if spinner is not None:
         spinner.start()
-    try:
+    def timed() -> tuple:
         with precision_context("fp32-strict"), torch.no_grad():
             run = prof.begin(model, work, device)
             decided = bool(run.state.get("sync_each")) if isinstance(run.state, dict) else None
             if name == "eager_sync" and isinstance(run.state, dict):
                 run.state["sync_each"] = True
-            t, n, info = _loop(name, prof, run, prepare, after, seed, device, k)
+            return (decided,) + _loop(name, prof, run, prepare, after, seed, device, k)
+
+    try:
+        if name == "eager_thread":  # torch's current stream and grad mode are per thread
+            box: dict = {}
+
+            def in_thread() -> None:
+                try:
+                    box["r"] = timed()
+                except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+                    box["e"] = exc
+
+            th = threading.Thread(target=in_thread)
+            th.start()
+            th.join()
+            if "e" in box:
+                raise box["e"]
+            decided, t, n, info = box["r"]
+        else:
+            decided, t, n, info = timed()
     finally:
         stop.set()
         if spinner is not None:
             spinner.join()
     del work
-    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n, "sync_decided": decided,
+    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n, "sets": k, "sync_decided": decided,
             "sync_each": info.get("sync_each"), "escaped": info.get("escaped")}
+
+
+def as_in_verification(model, sets: list, device: str) -> None:
+    """One call of ``model`` as a verification runs a candidate in its process: free memory
+    poisoned, uninitialised tensors filled, deterministic algorithms on for the call."""
+    import torch
+
+    from cuda_agent.sandbox.judge.inputs import nbytes
+    from cuda_agent.sandbox.judge.poisoning import fill_uninitialized, poison_allocator, release_cached
+
+    poison_allocator(device, nbytes(sets[0]))
+    with torch.no_grad(), fill_uninitialized():
+        out = model(*sets[0])
+    torch.cuda.synchronize()
+    del out
+    release_cached(device)
+
+
+def as_candidate_process() -> None:
+    """What a candidate's process does before its job: the harness imported, torch settled,
+    the precision policy set as its load sets it."""
+    from cuda_agent.sandbox.judge import candidate
+    from cuda_agent.sandbox.judge.precision import apply_policy, policy_from
+
+    candidate.import_harness()
+    candidate.settle_torch()
+    apply_policy(policy_from("fp32-strict"))
 
 
 def _loop(name: str, prof, run, prepare, after, seed: int, device: str, k: int):
@@ -144,10 +210,11 @@ def _loop(name: str, prof, run, prepare, after, seed: int, device: str, k: int):
     return prof.finish(samples, run.method, run.warmup_ms, info), n, info
 
 
-def fresh_process(task_id: str, root: str | None, device: str) -> dict:
-    """``eager`` timed by a new Python process that does nothing else."""
+def fresh_process(task_id: str, root: str | None, device: str, harness: bool = False) -> dict:
+    """``eager`` timed by a new Python process that does nothing else (``harness``: that first
+    does what a candidate's process does before its job)."""
     cmd = [sys.executable, __file__, "--ids", task_id, "--device", device, "--only", "eager",
-           "--mode", "graph" if MODE["graph"] else "plain"]
+           "--mode", "graph" if MODE["graph"] else "plain"] + (["--harness"] if harness else [])
     if root:
         cmd += ["--root", root]
     try:
@@ -158,21 +225,38 @@ def fresh_process(task_id: str, root: str | None, device: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
-def judged(t, work: Path, device: str) -> dict:
+def judged(t, work: Path, device: str, how: str = "judged") -> dict:
+    """The reference as its own candidate: verified then timed (``judged``), timed only
+    (``profiled``), or verified and timed with the candidate's process unisolated (``judged_open``)."""
     from cuda_agent.evaluation.scoring import make_workspace
     from cuda_agent.sandbox.judge import jobs
 
-    ws = make_workspace(t, work / "ws", device)
+    ws = make_workspace(t, work / f"ws-{how}", device)
     (ws / "model_new.py").write_text(t.code + "\n\nclass ModelNew(Model):\n    pass\n")
     cache = work / "judged-cache"
-    v, p = jobs.evaluate_workspace(str(ws), device, jobs.VerifyOptions(weights="auto", rules="none"),
-                                   jobs.ProfileOptions(baseline_cache_dir=str(cache), weights="auto",
-                                                       compile_baseline=False))
+    popts = jobs.ProfileOptions(baseline_cache_dir=str(cache), weights="auto", compile_baseline=False)
+    saved = {k: os.environ.get(k) for k in OPEN_ENV}
+    if how == "judged_open":
+        os.environ.update(OPEN_ENV)
+    try:
+        if how == "profiled":
+            v, p = None, jobs.profile_workspace(str(ws), device, popts)
+        else:
+            v, p = jobs.evaluate_workspace(str(ws), device, jobs.VerifyOptions(weights="auto", rules="none"), popts)
+    finally:
+        for k, val in saved.items():
+            if val is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = val
     if p is None or not p.ok:
         return {"error": (p.message if p else v.message)[:200]}
     meta = p.metadata or {}
+    loops = meta.get("timing_loops") or []
     return {"ms": p.candidate.median_ms, "spread": round(p.candidate.spread, 4), "eager_ms": p.eager.median_ms if p.eager else None,
-            "timing_mode": meta.get("timing_mode", "")}
+            "timing_mode": meta.get("timing_mode", ""), "method": p.candidate.method, "sets": meta.get("input_sets"),
+            "eager_method": p.eager.method if p.eager else None, "calls": [lp.get("calls") for lp in loops],
+            "isolation": {k: meta.get(k) for k in ("job_user", "pid_namespace", "job_network") if k in meta}}
 
 
 def baseline(t, work: Path, device: str) -> dict:
@@ -193,11 +277,15 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated columns of this process (the rest are skipped)")
     ap.add_argument("--mode", choices=("graph", "plain"), default="graph",
                     help="the in-process columns by CUDA-graph replay (default) or as plain calls")
+    ap.add_argument("--harness", action="store_true",
+                    help="first do what a candidate's process does before its job (see eager_harness)")
     args = ap.parse_args()
     MODE["graph"] = args.mode == "graph"
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     import torch
 
+    if args.harness:
+        as_candidate_process()
     from bench_judge_throughput import tasks_matching
     from cuda_agent.sandbox.judge.baselines.measure import free_device_memory
 
@@ -217,6 +305,15 @@ def main() -> None:
                         row[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             if "eager_fresh" in only:
                 row["eager_fresh"] = fresh_process(t.id, args.root, args.device)
+            if "eager_harness" in only:
+                row["eager_harness"] = fresh_process(t.id, args.root, args.device, harness=True)
+            if "eager_poisoned" in only:
+                try:
+                    if args.device != "cpu":
+                        as_in_verification(model, sets, args.device)
+                    row["eager_poisoned"] = time_variant("eager_poisoned", ref_mod, model, sets, args.device)
+                except Exception as exc:  # noqa: BLE001
+                    row["eager_poisoned"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             if "eager_debug" in only:
                 if args.device != "cpu":
                     torch.cuda.CUDAGraph().enable_debug_mode()  # process-wide in torch
@@ -226,9 +323,13 @@ def main() -> None:
             if "baseline" in only:
                 row["baseline"] = baseline(t, work, args.device)
                 free_device_memory(args.device)
-            if "judged" in only:
-                row["judged"] = judged(t, work, args.device)
-                free_device_memory(args.device)
+            for how in ("judged", "profiled", "judged_open"):
+                if how in only:
+                    try:
+                        row[how] = judged(t, work, args.device, how)
+                    except Exception as exc:  # noqa: BLE001
+                        row[how] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                    free_device_memory(args.device)
         except Exception as exc:  # noqa: BLE001 - one broken task must not stop the others
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         shutil.rmtree(work, ignore_errors=True)
