@@ -306,3 +306,24 @@ def test_the_own_work_measured_once_the_candidate_is_warm_is_sized_by_time_and_m
     assert set(plain) == {"plain", "fixed", "cpu", "cpu_fixed"} and plain["plain"] >= 0.0
     both = timing.loop_overhead_ms(prof, sets, ref, "cpu", 12)
     assert {"plain", "sync_each", "fixed"} <= set(both)
+
+
+def test_poison_comes_in_blocks_each_big_enough_for_the_output_so_an_output_keeps_only_its_own():
+    from cuda_agent.sandbox.judge.poisoning import MAX_BLOCKS, MIN_BLOCK, SEGMENT, poison_plan
+
+    gib = 1 << 30
+    # an H200's case: 55 GiB of poison, a 0.23 GiB output; one block would have kept all of it
+    plan = poison_plan(55 * gib, int(0.23 * gib))
+    assert len(plan) <= MAX_BLOCKS and len(set(plan)) == 1
+    assert plan[0] % SEGMENT == 0 and plan[0] >= int(0.23 * gib) and plan[0] <= gib
+    assert 55 * gib - plan[0] <= sum(plan) <= 55 * gib  # all but less than a block is poisoned
+    # an output of 6.4 GB: every block holds it whole
+    big = poison_plan(60 * gib, 6_400_000_000)
+    assert all(b >= 6_400_000_000 for b in big) and len(big) == 60 * gib // big[0]
+    # small runs: one block of the whole size; nothing to poison: no block
+    assert poison_plan(MIN_BLOCK // 2, 1 << 20) == [MIN_BLOCK // 2]
+    assert poison_plan(MIN_BLOCK, 0) == [MIN_BLOCK]
+    assert poison_plan(0, 1 << 20) == []
+    # an output larger than the poison: one block of the poison's size (the output comes
+    # from the driver; torch's fill still starts it as NaN)
+    assert poison_plan(2 * gib, 3 * gib) == [2 * gib]

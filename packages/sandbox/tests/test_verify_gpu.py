@@ -133,7 +133,10 @@ def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     assert honest.ok, honest.message
     assert honest.eager.method.startswith("cuda_events+graph") and honest.compile.method.startswith("cuda_events+graph")
     assert honest.candidate.method.startswith("cuda_events+graph") and honest.metadata["timing_mode"] == "cuda_events+graph"
-    assert 0.5 < honest.speedup_vs_eager() < 2.0
+    meta = honest.metadata or {}
+    assert 0.5 < honest.speedup_vs_eager() < 2.0, (
+        honest.candidate.method, honest.eager.method, honest.candidate.median_ms, honest.eager.median_ms,
+        {k: meta.get(k) for k in ("timing_loops", "loop_overhead_ms", "timing_charged", "timing_stopped")})
     p = files / "sol_capture_cheat.py"
     p.write_text(CAPTURE_CHEAT.replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "").replace("EXTRA_FN", "")
                  .replace("NAME", "_cc").replace("FN", "relu"))
@@ -171,5 +174,8 @@ def test_a_candidate_process_gives_its_cache_back_after_each_run(tmp_path):
     sol = tmp_path / "sol.py"
     sol.write_text(BIG_REF.replace("ROWS", str(rows)) + "\n\nclass ModelNew(Model):\n    pass\n")
     r = verify_file(str(sol), str(ref), "cuda", VerifyOptions(seed=1, rules="none"))
-    assert r.ok, r.message
-    assert r.metadata["candidate_cache_released_bytes"] >= rows * 2048 * 2048 * 4, r.metadata
+    held = {k: r.metadata.get(k) for k in ("poisoned_bytes", "candidate_cache_released_bytes", "inputs")}
+    assert r.ok, (r.message, held)
+    # the poison is handed back but for the block the small output was carved out of
+    assert r.metadata["candidate_cache_released_bytes"] >= rows * 2048 * 2048 * 4, held
+    assert r.metadata["candidate_cache_released_bytes"] >= r.metadata["poisoned_bytes"] - (2 << 30), held

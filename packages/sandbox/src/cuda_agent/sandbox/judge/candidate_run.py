@@ -29,7 +29,8 @@ def do_run(st: CandidateState, msg: dict) -> tuple[dict, list[int]]:
     poison = bool(msg.get("poison", True))
     reply: dict[str, Any] = {"ok": True}
     if poison:
-        reply["poisoned_bytes"] = poison_allocator(st.device, int(msg.get("poison_hint", 0)) + nbytes(inputs))
+        out_hint = int(msg.get("poison_hint", 0))  # the reference's output on this set
+        reply["poisoned_bytes"] = poison_allocator(st.device, out_hint + nbytes(inputs), out_hint)
     guard = None
     out = None
     err: BaseException | None = None
