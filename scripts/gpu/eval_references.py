@@ -155,6 +155,10 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
     unlike = [f"{t['task_id']}: eager {m.get('eager')}, candidate {m.get('candidate')}" for t in tasks
               for m in [(t["metadata"].get("profile") or {}).get("timing_methods") or {}]
               if m.get("eager") and m.get("candidate") and m["eager"] != m["candidate"]]
+    # a speedup whose two timings ran under different settings of their processes
+    # (backend switches, environment, current stream; see judge.process_flags)
+    settings = [f"{t['task_id']}: " + ", ".join(f"{k} {v[0]!r}->{v[1]!r}" for k, v in list(d.items())[:4])
+                for t in tasks for d in [(t["metadata"].get("profile") or {}).get("timing_flags_differ") or {}] if d]
     return {
         "tasks": len(tasks),
         "scored_this_call": len(new),
@@ -178,6 +182,7 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "timings_repeated": len(repeated),  # a noisy measurement was taken again
         "charged_by_the_trusted_clock": charged,
         "timed_unlike_their_eager": unlike,
+        "timed_under_other_settings": settings,
         "timing_spread_over_5pct": noisy,  # still unsteady after the repeats (candidate or baseline)
     }
 
@@ -225,6 +230,9 @@ def print_table(report: dict, summary: dict) -> None:
     if summary.get("timed_unlike_their_eager"):
         print(f"candidate and eager loops ran differently: {len(summary['timed_unlike_their_eager'])}: "
               + "; ".join(summary["timed_unlike_their_eager"][:15]))
+    if summary.get("timed_under_other_settings"):
+        print(f"candidate and eager processes' settings differed: {len(summary['timed_under_other_settings'])}: "
+              + "; ".join(summary["timed_under_other_settings"][:15]))
     if summary.get("speedup_vs_eager_off_by_2pct"):
         print(f"correct but >2% from 1x vs eager: {len(summary['speedup_vs_eager_off_by_2pct'])}: "
               + ", ".join(summary["speedup_vs_eager_off_by_2pct"][:15]))

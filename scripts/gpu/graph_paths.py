@@ -256,6 +256,7 @@ def judged(t, work: Path, device: str, how: str = "judged") -> dict:
     return {"ms": p.candidate.median_ms, "spread": round(p.candidate.spread, 4), "eager_ms": p.eager.median_ms if p.eager else None,
             "timing_mode": meta.get("timing_mode", ""), "method": p.candidate.method, "sets": meta.get("input_sets"),
             "eager_method": p.eager.method if p.eager else None, "calls": [lp.get("calls") for lp in loops],
+            "settings_differ": meta.get("timing_flags_differ", {}),
             "isolation": {k: meta.get(k) for k in ("job_user", "pid_namespace", "job_network") if k in meta}}
 
 

@@ -327,3 +327,19 @@ def test_poison_comes_in_blocks_each_big_enough_for_the_output_so_an_output_keep
     # an output larger than the poison: one block of the poison's size (the output comes
     # from the driver; torch's fill still starts it as NaN)
     assert poison_plan(2 * gib, 3 * gib) == [2 * gib]
+
+
+def test_the_settings_two_timings_ran_under_are_compared_and_the_candidates_word_is_bounded():
+    from cuda_agent.sandbox.judge.process_flags import MAX_KEYS, flags_differ, process_flags, sanitized
+
+    here = process_flags("cpu")
+    assert here["grad_enabled"] is True and here["uid"] == os.getuid() and "env:NVIDIA_TF32_OVERRIDE" in here
+    other = dict(here, uid=here["uid"] + 1, nice=5, cudnn_benchmark=True, **{"env:CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert flags_differ(here, other) == {"cudnn_benchmark": [False, True],
+                                         "env:CUDA_DEVICE_MAX_CONNECTIONS": [here["env:CUDA_DEVICE_MAX_CONNECTIONS"], "1"]}
+    assert flags_differ(here, dict(here)) == {} and flags_differ(None, here) == {}
+    said = {"ok": True, "x" * 100: 1, "nested": {"a": 1}, "long": "y" * 1000, **{f"k{i}": i for i in range(200)}}
+    kept = sanitized(said)
+    assert kept["ok"] is True and "nested" not in kept and len(kept["long"]) == 200
+    assert not any(len(k) > 80 for k in kept) and len(kept) <= MAX_KEYS
+    assert sanitized(["not", "a", "mapping"]) is None

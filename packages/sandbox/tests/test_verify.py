@@ -276,7 +276,7 @@ def test_finite_statistics_are_taken_in_chunks_without_an_index_tensor(monkeypat
     assert seen and max(seen) <= 64
 
 
-def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_references_weights(linear_ws):
+def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_references_weights(linear_ws, tmp_path):
     # verification gives ModelNew the weights of a Model built after its own seed; profiling
     # compares timed outputs with a Model built after the baseline seed, so the candidate is
     # built again with those weights first (else every model with parameters failed the spot check)
@@ -284,10 +284,18 @@ def test_one_job_that_verifies_then_profiles_times_the_candidate_with_the_refere
 
     (Path(linear_ws.root) / "model_new.py").write_text(LINEAR_NEW.replace("{name}", "fc"))
     v, p = evaluate(str(linear_ws.root), "cpu", {"num_inputs": 1, "extra_draws": []},
-                    {"num_input_sets": 1, "attempts": 1, "compile_baseline": False, "hopeless_factor": 0})
+                    {"num_input_sets": 1, "attempts": 1, "compile_baseline": False, "hopeless_factor": 0,
+                     "baseline_cache_dir": str(tmp_path / "baselines")})
     assert v.ok, v.message
     assert p is not None and p.ok, p.message
     assert p.metadata["spot_check"] == "passed"
+    # both sides recorded the settings they timed under, and they agree
+    base, cand = p.metadata["baseline_flags"], p.metadata["candidate_flags"]
+    assert base["cudnn_allow_tf32"] is False and cand["cudnn_allow_tf32"] is False
+    assert base["grad_enabled"] is False and cand["grad_enabled"] is False
+    assert base["deterministic_algorithms"] is False and cand["deterministic_algorithms"] is False
+    assert "env:CUDA_DEVICE_MAX_CONNECTIONS" in cand and base["torch_threads"] == cand["torch_threads"]
+    assert "timing_flags_differ" not in p.metadata, p.metadata.get("timing_flags_differ")
 
 
 def test_the_one_pass_comparison_agrees_with_the_full_walk(monkeypatch):

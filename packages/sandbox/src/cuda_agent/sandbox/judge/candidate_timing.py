@@ -13,6 +13,7 @@ from typing import Any
 from . import rotation
 from .baselines import timing_threads
 from .candidate_state import CandidateState, error_reply, export, inputs_for, refused
+from .process_flags import process_flags
 from .profilers import get_profiler
 from .profilers.base import ProfilerError
 
@@ -43,8 +44,10 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
 
     two_phase = all(hasattr(prof, a) for a in ("begin", "loop", "finish", "iterations"))
     st.timing = {"prof": prof, "pristine": pristine, "work": work, "fn": fn, "two_phase": two_phase}
+    with torch.no_grad():  # the settings the calls are timed under (recorded beside the baseline's)
+        flags = process_flags(st.device)
     if not two_phase:
-        return {"ok": True, "two_phase": False, "method": prof.method_name(), "cpu_threads": n_threads}
+        return {"ok": True, "two_phase": False, "method": prof.method_name(), "cpu_threads": n_threads, "flags": flags}
     try:
         with torch.no_grad():
             run = prof.begin(fn, work, st.device)
@@ -56,7 +59,7 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
     give_up_ms = float(getattr(getattr(prof, "options", None), "give_up_ms", 0.0) or 0.0)
     if 0 < give_up_ms < run.estimate_ms:  # hopeless: no loop follows (see timing.CandidateTimer.time)
         return {"ok": True, "two_phase": True, "estimate_ms": run.estimate_ms, "warmup_ms": run.warmup_ms,
-                "method": run.method, "cpu_threads": n_threads, "stopped": True}
+                "method": run.method, "cpu_threads": n_threads, "stopped": True, "flags": flags}
     try:  # the first calls of the rotation and checksum paths, before any loop is timed
         with torch.no_grad():
             out = fn(*work[0])
@@ -68,7 +71,7 @@ def do_warm(st: CandidateState, msg: dict) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": error_reply(exc)}
     return {"ok": True, "two_phase": True, "estimate_ms": run.estimate_ms, "warmup_ms": run.warmup_ms,
-            "method": run.method, "cpu_threads": n_threads}
+            "method": run.method, "cpu_threads": n_threads, "flags": flags}
 
 
 def _rotating(st: CandidateState, t: dict, seed: int) -> Any:

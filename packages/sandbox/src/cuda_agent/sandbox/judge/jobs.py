@@ -44,6 +44,7 @@ from .baselines import (
 from .op_guard import GuardOptions
 from .inputs import describe, draw_inputs, nbytes
 from .precision import TF32, policy_from, precision_context
+from .process_flags import flags_differ
 from .comparison import compare_outputs
 from .draws import fresh_seed
 from .loading import LoadFailure, build_models, load_reference, short_exc, workspace_imports
@@ -373,6 +374,9 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
                         cand_timing, failed = timer.time(profiler, timing_name, options, False, o.max_spread,
                                                          o.attempts, threads, give_up)
                 meta.update(timer.meta)
+                differ = flags_differ(meta.get("baseline_flags"), meta.get("candidate_flags"))
+                if differ:  # timed under other settings than the baselines: listed, not judged
+                    meta["timing_flags_differ"] = differ
                 if failed is not None:
                     if failed.category is FailureCategory.CRASH and not failed.message.startswith("ModelNew"):
                         failed.message = f"ModelNew failed while being timed: {failed.message}"
@@ -448,6 +452,8 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
             meta[k] = rec[k]
     if "cpu_threads" in rec:
         meta["baseline_cpu_threads"] = rec["cpu_threads"]
+    if isinstance(rec.get("process_flags"), dict):  # the settings the baselines were timed under
+        meta["baseline_flags"] = rec["process_flags"]
     if not rec.get("cached"):  # what the measurement cost: its timings' attempts and calls
         meta["baseline_cost"] = {f"{name}_{k}": getattr(t, k) for name, t in (("eager", eager), ("compile", comp))
                                  if t is not None for k in ("attempts", "iterations", "warmup_ms")}

@@ -40,6 +40,7 @@ from cuda_agent.core.types import FailureCategory, Timing
 
 from . import rotation
 from .phases import PhaseClock
+from .process_flags import sanitized
 from .session import Refusal
 
 # unaccounted wall time allowed on a GPU: a share of the reported time and of the loop's own
@@ -394,6 +395,9 @@ class CandidateTimer:
                     "sets": self.set_seeds, "cpu_threads": cpu_threads}
         with self.clock("warm_up"), hostlock.timing():
             warm = self.s._request(warm_msg, self.timeout)
+        flags = sanitized(warm.get("flags"))
+        if flags is not None:  # the settings the candidate's process says it was timed under
+            self.meta["candidate_flags"] = flags
         if not warm.get("ok"):
             if warm.get("profiler_error"):
                 return None, Refusal(FailureCategory.CRASH, str(warm["profiler_error"]), {"profiler_error": True})

@@ -20,6 +20,7 @@ from cuda_agent.core.types import Timing
 
 from ..inputs import describe
 from ..precision import precision_context
+from ..process_flags import process_flags
 from .cache import BaselineCache, cache_for, key_fields, timing_from
 from .compiled import compiled_timing
 from .cpu_threads import is_cpu, timing_threads
@@ -83,6 +84,7 @@ def measure_model(model: Any, input_sets: list, device: Any, profiler: Any, do_c
             info["cpu_threads"] = threads
         configured = profiler
         with torch.no_grad():  # the eager reference, and the mode for every timing of the task
+            info["process_flags"] = process_flags(device)  # recorded beside a candidate's
             eager, used = time_for_task(profiler, model, input_sets, device, prepare, max_spread, attempts)
         if used is not profiler:  # every timing of this task in the steadier mode
             info["timing_mode"] = f"{used.method_name()} ({eager.mode_reason or 'eager unsteady in the configured mode'})"
