@@ -108,13 +108,14 @@ def poison_allocator(device: Any, nbytes_hint: int = 0, output_bytes: int = 0) -
 def release_cached(device: Any) -> int:
     """After a run: hand every free block of the CUDA caching allocator (the poisoned ones
     among them) back to the driver; the output handed back stays allocated. Returns the
-    bytes released (0 off CUDA)."""
+    bytes the driver took back (0 off CUDA): free space inside a block that still holds a
+    tensor stays with this process and is not counted."""
     import torch
 
     dev = torch.device(device)
     if dev.type != "cuda":
         return 0
     torch.cuda.synchronize(dev)
-    free = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    before = torch.cuda.memory_reserved(dev)
     torch.cuda.empty_cache()
-    return max(0, int(free))
+    return max(0, int(before - torch.cuda.memory_reserved(dev)))
