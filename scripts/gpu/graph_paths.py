@@ -336,7 +336,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
-    if args.only:
+    if len(only) == 1:  # a column asked for by another run of this script (eager_fresh)
         return
     shown = [c for c in COLUMNS if c in only]
     print(f"\nms per call ({'graph replay' if MODE['graph'] else 'plain calls'} in this process; `baseline` and "
@@ -354,6 +354,12 @@ def main() -> None:
                 cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else "")
                              + (" sync" if d.get("sync_each") else ""))
         print(f"| {r['task']} | " + " | ".join(cells) + " |")
+    for r in rows:  # what the candidate's process said it was timed under, where the baseline's differed
+        for how in ("judged", "profiled", "judged_open"):
+            differ = (r.get(how) or {}).get("settings_differ")
+            if differ:
+                print(f"{r['task']} {how}: settings differ (baseline -> candidate's process): "
+                      + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in differ.items()))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "graph_paths.json").write_text(json.dumps(rows, indent=1, default=str))
 
