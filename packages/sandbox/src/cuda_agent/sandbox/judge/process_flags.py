@@ -20,7 +20,7 @@ ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
     "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT", "CUDNN_LOGLEVEL_DBG", "OMP_NUM_THREADS",
 )
-# what differs between the two processes by design: listed, never counted as a difference
+# what differs between the two processes by design: recorded, left out of the comparison
 BY_DESIGN = ("uid", "nice", "device_free_bytes")
 MAX_KEYS = 64
 
