@@ -31,6 +31,10 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
                   candidate's process (free memory poisoned, uninitialised tensors filled,
                   deterministic algorithms on for that call)
 * ``eager_debug`` the baseline's loop once CUDA-graph debug mode is on in this process
+* ``judged_inproc`` the candidate's process's own commands (``load``, ``warm``, ``loop``: the
+                  reference loaded as its own candidate, its input sets drawn from seeds, its
+                  loop with rotation and checksums) run in this process: fast here puts the
+                  cause in what those commands do, at ``eager`` in the process they run in
 * ``baseline``    the trusted path itself (``measure_baselines_record``, a cache of its own)
 * ``judged``      the reference judged as its own candidate (``evaluate_workspace``)
 * ``profiled``    the reference timed as its own candidate without a verification before
@@ -40,10 +44,13 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
 
 Reading it: ``candidate`` below ``eager`` puts the cause in the loop; ``judged`` below
 ``candidate`` and ``eager_fresh`` at ``judged`` puts it in the process; ``eager_debug`` or
-``baseline`` above ``eager`` puts it in the debug mode; ``eager_sync`` at the slow baseline
+``baseline`` above ``eager`` puts it in the debug mode; ``judged_inproc`` splits the
+process from the commands run in it; ``eager_sync`` at the slow baseline
 (and ``eager_busy`` synchronised, ``sync`` in its cell) puts it in the escape decision: a
 synchronised replay waits for its own launch, which is long for a graph of thousands of nodes.
-Each in-process cell says whether its loop synchronised every call (``sync``).
+Each in-process cell says whether its loop synchronised every call (``sync``). ``eager`` and
+``judged_inproc`` also count the kernels of their first input set's captured graph and give a
+digest of their names (``kernels``): two digests that differ mean two graphs of other kernels.
 
     python3 scripts/gpu/graph_paths.py --ids 'L3/39_*,L1/71_*,L3/35_*,L3/19_*'
     python3 scripts/gpu/graph_paths.py --mode plain --ids 'L1/11_*'   # the same factors, plain calls
@@ -66,8 +73,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 IN_PROCESS = ("eager", "replay", "rotate", "checksum", "candidate", "eager_sync", "eager_busy", "eager_k1",
               "eager_thread")
-COLUMNS = IN_PROCESS + ("eager_fresh", "eager_harness", "eager_poisoned", "eager_debug", "baseline", "judged",
-                        "profiled", "judged_open")
+COLUMNS = IN_PROCESS + ("judged_inproc", "eager_fresh", "eager_harness", "eager_poisoned", "eager_debug", "baseline",
+                        "judged", "profiled", "judged_open")
 EAGER_LOOPS = ("eager", "eager_fresh", "eager_harness", "eager_poisoned", "eager_debug", "eager_sync", "eager_busy",
                "eager_k1", "eager_thread")
 OPEN_ENV = {"CUDA_AGENT_DROP_PRIVILEGES": "0", "CUDA_AGENT_JOB_PIDNS": "0", "CUDA_AGENT_JOB_MOUNTS": "0",
@@ -160,9 +167,72 @@ def time_variant(name: str, ref_mod, model, sets: list, device: str) -> dict:
         stop.set()
         if spinner is not None:
             spinner.join()
+    row = {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n, "sets": k, "sync_decided": decided,
+           "sync_each": info.get("sync_each"), "escaped": info.get("escaped")}
+    if name == "eager" and MODE["graph"] and device != "cpu":
+        with precision_context("fp32-strict"), torch.no_grad():
+            row["kernels"] = graph_kernels(model, work[0], device)
     del work
-    return {"ms": t.median_ms, "spread": round(t.spread, 4), "calls": n, "sets": k, "sync_decided": decided,
-            "sync_each": info.get("sync_each"), "escaped": info.get("escaped")}
+    return row
+
+
+def graph_kernels(fn, args: list, device: str) -> str:
+    """``fn(*args)`` captured into a CUDA graph: how many kernel nodes it has and a digest of
+    their (mangled) names, as ``"N kernels, digest D"`` (or why there is none)."""
+    import hashlib
+    import re
+
+    from cuda_agent.sandbox.judge.profilers.cuda_events import CudaEventsProfiler
+
+    try:
+        dot = CudaEventsProfiler._graph_dot(fn, args, device)
+    except Exception as exc:  # noqa: BLE001 - a column note, not a timing
+        return f"no graph ({type(exc).__name__}: {exc})"[:120]
+    names = sorted(re.findall(r"_Z\w+", dot))
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:10]
+    return f"{len(names)} kernels, digest {digest}"
+
+
+def judged_inproc(t, work: Path, device: str) -> dict:
+    """The candidate's process's commands ``load``, ``warm`` and ``loop`` run in this process
+    on the reference as its own candidate (the seeds and input sets a profile job gives them)."""
+    import torch
+
+    from cuda_agent.evaluation.scoring import make_workspace
+    from cuda_agent.sandbox.judge.candidate_load import do_load
+    from cuda_agent.sandbox.judge.candidate_state import CandidateState
+    from cuda_agent.sandbox.judge.candidate_timing import do_loop, do_warm
+
+    ws = make_workspace(t, work / "ws-inproc", device)
+    (ws / "model_new.py").write_text(t.code + "\n\nclass ModelNew(Model):\n    pass\n")
+    st = CandidateState()
+    st.device = device
+    seed = 0
+    r = do_load(st, {"workspace": str(ws), "reference": str(ws / "model.py"), "candidate": str(ws / "model_new.py"),
+                     "seed": seed, "precision": "fp32-strict", "weights": "auto"})
+    if not r.get("ok"):
+        return {"error": f"load: {r.get('message') or r.get('error')}"[:200]}
+    k = 4
+    sets = [seed + 7 * (i + 1) for i in range(k)]
+    name = "wallclock" if device == "cpu" else "cuda_events"
+    w = do_warm(st, {"profiler": name, "options": {}, "graph": MODE["graph"], "sets": sets, "cpu_threads": None})
+    if not w.get("ok"):
+        return {"error": f"warm: {w.get('error') or w.get('profiler_error')}"[:200]}
+    prof, run = st.timing["prof"], st.timing["run"]
+    n = prof.iterations(float(w["estimate_ms"]))
+    lp = do_loop(st, {"n": n, "seed": 12345, "full": False, "wide": False})
+    if not lp.get("ok"):
+        return {"error": f"loop: {lp.get('error')}"[:200]}
+    tm = prof.finish(lp["samples"], run.method, run.warmup_ms, lp["info"])
+    row = {"ms": tm.median_ms, "spread": round(tm.spread, 4), "calls": n, "sets": k,
+           "sync_each": lp["info"].get("sync_each"), "escaped": lp["info"].get("escaped")}
+    if MODE["graph"] and device != "cpu":
+        model = st.loaded.cand_model
+        with torch.no_grad():
+            row["kernels"] = graph_kernels(model, st.timing["work"][0], device)
+    st.timing.clear()
+    st.loaded = None
+    return row
 
 
 def as_in_verification(model, sets: list, device: str) -> None:
@@ -304,6 +374,12 @@ def main() -> None:
                         row[name] = time_variant(name, ref_mod, model, sets, args.device)
                     except Exception as exc:  # noqa: BLE001
                         row[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            if "judged_inproc" in only:
+                try:
+                    row["judged_inproc"] = judged_inproc(t, work, args.device)
+                except Exception as exc:  # noqa: BLE001
+                    row["judged_inproc"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                free_device_memory(args.device)
             if "eager_fresh" in only:
                 row["eager_fresh"] = fresh_process(t.id, args.root, args.device)
             if "eager_harness" in only:
@@ -354,6 +430,10 @@ def main() -> None:
                 cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else "")
                              + (" sync" if d.get("sync_each") else ""))
         print(f"| {r['task']} | " + " | ".join(cells) + " |")
+    for r in rows:  # which kernels each side's captured graph holds
+        kernels = {c: (r.get(c) or {}).get("kernels") for c in shown if (r.get(c) or {}).get("kernels")}
+        if kernels:
+            print(f"{r['task']} graph kernels: " + "; ".join(f"{c}: {v}" for c, v in kernels.items()))
     for r in rows:  # what the candidate's process said it was timed under, where the baseline's differed
         for how in ("judged", "profiled", "judged_open"):
             differ = (r.get(how) or {}).get("settings_differ")

@@ -119,13 +119,25 @@ CAPTURE_CHEAT = SOLUTION.replace(
     "        return ext.relu(x)",
 )
 assert CAPTURE_CHEAT != SOLUTION
+# a graph that does run something, but not the kernel: zeros where the ReLU was
+CAPTURE_STUB = CAPTURE_CHEAT.replace("return torch.empty_like(x)", "return torch.zeros_like(x)")
+assert CAPTURE_STUB != CAPTURE_CHEAT
+
+
+def cheat_file(d, text: str, name: str) -> str:
+    p = d / f"sol_{name}.py"
+    p.write_text(text.replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "").replace("EXTRA_FN", "")
+                 .replace("NAME", f"_{name}").replace("FN", "relu"))
+    return str(p)
 
 
 @pytest.mark.gpu
 def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     """A task switched to CUDA-graph timing (its eager reference stayed unsteady: here forced
     by a zero spread limit) times baselines and candidate alike by graph replay, and the
-    spot check runs the replayed graph: a candidate that does nothing while captured fails."""
+    spot check runs the replayed graph. A candidate whose captured graph runs something else
+    than its eager call fails; one whose graph is empty (nothing launched while captured) cannot
+    be timed by replay and is timed in the configured mode, by its eager calls: at their cost."""
     ref = str(files / "ref.py")
     opts = ProfileOptions(baseline_cache_dir=str(tmp_path / "cache"), profiler_options={"target_ms": 50},
                           max_spread=1e-12, attempts=1)
@@ -137,12 +149,19 @@ def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     assert 0.5 < honest.speedup_vs_eager() < 2.0, (
         honest.candidate.method, honest.eager.method, honest.candidate.median_ms, honest.eager.median_ms,
         {k: meta.get(k) for k in ("timing_loops", "loop_overhead_ms", "timing_charged", "timing_stopped")})
-    p = files / "sol_capture_cheat.py"
-    p.write_text(CAPTURE_CHEAT.replace("EXTRA_CUDA", "").replace("EXTRA_DECL", "").replace("EXTRA_FN", "")
-                 .replace("NAME", "_cc").replace("FN", "relu"))
-    assert verify_file(str(p), ref, "cuda", VerifyOptions(seed=1)).ok  # eagerly it is correct
-    cheat = profile_file(str(p), ref, "cuda", opts)
+    stub = cheat_file(files, CAPTURE_STUB, "cs")
+    assert verify_file(stub, ref, "cuda", VerifyOptions(seed=1)).ok  # eagerly it is correct
+    cheat = profile_file(stub, ref, "cuda", opts)
     assert not cheat.ok and cheat.failure is FailureCategory.WRONG_RESULT, cheat.message
+    empty = cheat_file(files, CAPTURE_CHEAT, "cc")
+    assert verify_file(empty, ref, "cuda", VerifyOptions(seed=1)).ok
+    plain = profile_file(empty, ref, "cuda", opts)
+    mode = (plain.metadata or {}).get("timing_mode", "")
+    if plain.ok:  # timed by its eager calls, unlike its baselines, and the result says so
+        assert "+graph" not in plain.candidate.method and "baselines: cuda_events+graph" in mode, (plain.candidate.method, mode)
+        assert plain.speedup_vs_eager() < 1.25, plain.message
+    else:
+        assert plain.failure is FailureCategory.WRONG_RESULT, plain.message
 
 
 BIG_REF = textwrap.dedent('''
