@@ -35,7 +35,9 @@ calls with ``--mode plain``, for a plain-mode task off by a few percent, like L1
                   reference loaded as its own candidate, its input sets drawn from seeds, its
                   loop with rotation and checksums) run in this process: fast here puts the
                   cause in what those commands do, at ``eager`` in the process they run in
-* ``baseline``    the trusted path itself (``measure_baselines_record``, a cache of its own)
+* ``baseline``    the baseline path itself (``measure_baselines_record``, a cache of its own): in
+                  graph mode timed as a candidate, in a candidate's process (``baselines.as_candidate``),
+                  the trusted process's own timing beside it (``trusted_ms``)
 * ``judged``      the reference judged as its own candidate (``evaluate_workspace``)
 * ``profiled``    the reference timed as its own candidate without a verification before
                   (``profile_workspace``: a candidate's process that ran nothing else)
@@ -337,7 +339,12 @@ def baseline(t, work: Path, device: str) -> dict:
     cache = work / "baseline-cache"
     e, _c, rec = measure_baselines_record(t.code, device, BaselineOptions(cache_dir=str(cache), compile=False),
                                           BaselineCache(cache))
-    return {"ms": e.median_ms, "spread": round(e.spread, 4), "timing_mode": rec.get("timing_mode", "")}
+    row = {"ms": e.median_ms, "spread": round(e.spread, 4), "timing_mode": rec.get("timing_mode", ""),
+           "timed_in": rec.get("timed_in", "the trusted process"),
+           "trusted_ms": (rec.get("eager_trusted") or {}).get("median_ms")}
+    if rec.get("as_candidate_error"):
+        row["as_candidate_error"] = rec["as_candidate_error"][:200]
+    return row
 
 
 def main() -> None:
@@ -428,7 +435,8 @@ def main() -> None:
                 cells.append(str(d.get("error", r.get("error", "-")))[:40])
             else:
                 cells.append(f"{d['ms']:.4g}" + (f" ({d['ms'] / base:.3f})" if base else "")
-                             + (" sync" if d.get("sync_each") else ""))
+                             + (" sync" if d.get("sync_each") else "")
+                             + (f" [{d['ms'] / d['eager_ms']:.3f} of its own eager]" if d.get("eager_ms") else ""))
         print(f"| {r['task']} | " + " | ".join(cells) + " |")
     for r in rows:  # which kernels each side's captured graph holds
         kernels = {c: (r.get(c) or {}).get("kernels") for c in shown if (r.get(c) or {}).get("kernels")}

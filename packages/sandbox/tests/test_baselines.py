@@ -186,6 +186,47 @@ def test_compile_baseline_on_cpu(tmp_path):
     assert cache.measured == 1  # never recompiled for a second request
 
 
+def test_baselines_timed_as_a_candidate_in_a_candidate_process(tmp_path):
+    """``as_candidate="always"``: the reference and its compiled form are timed again as
+    candidates, each in a candidate's process of its own, by the candidate's commands and
+    checks; the record reports those timings, keeps the trusted process's beside them, and
+    is read back from the cache. Switching the choice measures the task again and says why."""
+    from cuda_agent.sandbox.judge.baselines import measure_baselines_record
+    from cuda_agent.sandbox.judge.baselines.as_candidate import WHERE
+
+    cache = BaselineCache(tmp_path / "cache")
+    o = opts(tmp_path, compile=True, as_candidate="always")
+    eager, comp, rec = measure_baselines_record(RELU_TASK, "cpu", o, cache)
+    assert rec["timed_in"] == WHERE and "as_candidate_error" not in rec, rec.get("as_candidate_error")
+    assert "compile_as_candidate_error" not in rec, rec["compile_as_candidate_error"]
+    assert rec["eager_trusted"]["median_ms"] > 0 and rec["compile_trusted"]["median_ms"] > 0
+    assert eager.median_ms > 0 and eager.method == "wallclock" and comp is not None and comp.median_ms > 0
+    assert (eager.median_ms, comp.median_ms) != (rec["eager_trusted"]["median_ms"], rec["compile_trusted"]["median_ms"])
+    assert rec["process_flags"]["uid"] is not None and rec["as_candidate_seconds"] > 0
+    again = BaselineCache(tmp_path / "cache")
+    e2, _c2, rec2 = measure_baselines_record(RELU_TASK, "cpu", o, again)
+    assert rec2["cached"] and again.measured == 0 and e2.median_ms == eager.median_ms
+    _e3, _c3, rec3 = measure_baselines_record(RELU_TASK, "cpu", dataclasses.replace(o, as_candidate="never"), again)
+    assert not rec3["cached"] and "timed_in" not in rec3
+    assert rec3["measured_again_because"].startswith("process: timed in a candidate's process, wanted in the trusted")
+
+
+def test_the_choice_of_process_for_baselines():
+    from cuda_agent.sandbox.judge.baselines.as_candidate import candidate_source, wanted
+
+    assert wanted("graph", "cuda", True) and not wanted("graph", "cuda", False) and not wanted("graph", "cpu", True)
+    assert wanted("always", "cpu", False) and not wanted("never", "cuda:0", True)
+    with pytest.raises(ValueError, match="as_candidate 'sometimes' is not one of"):
+        wanted("sometimes", "cuda", True)
+    with pytest.raises(ValueError, match="baselines_as_candidate 'x'"):
+        jobs.ProfileOptions(baselines_as_candidate="x")
+    with pytest.raises(ValueError, match="timing_mode 'graph'"):
+        jobs.ProfileOptions(timing_mode="graph")
+    ns: dict = {}
+    exec(candidate_source(RELU_TASK, "max-autotune"), ns)  # noqa: S102 - the test's own source
+    assert issubclass(ns["ModelNew"], ns["Model"]) and "_compiled_forward" in candidate_source(RELU_TASK, "default")
+
+
 def test_measure_many_resumes(tmp_path):
     tasks = [Task(id="a", source="t", code=RELU_TASK), Task(id="b", source="t", code=RELU_TASK.replace("64, 33", "8, 8")),
              Task(id="broken", source="t", code="raise SystemError('no')\n")]

@@ -146,6 +146,9 @@ def test_graph_mode_checks_what_the_graph_replays(files, tmp_path):
     assert honest.eager.method.startswith("cuda_events+graph") and honest.compile.method.startswith("cuda_events+graph")
     assert honest.candidate.method.startswith("cuda_events+graph") and honest.metadata["timing_mode"] == "cuda_events+graph"
     meta = honest.metadata or {}
+    # a task timed by graph replay has its baselines timed as candidates, each in a candidate's process
+    assert meta["baseline_timed_in"] == "a candidate's process", meta.get("baseline_as_candidate_error")
+    assert "baseline_compile_as_candidate_error" not in meta, meta["baseline_compile_as_candidate_error"]
     assert 0.5 < honest.speedup_vs_eager() < 2.0, (
         honest.candidate.method, honest.eager.method, honest.candidate.median_ms, honest.eager.median_ms,
         {k: meta.get(k) for k in ("timing_loops", "loop_overhead_ms", "timing_charged", "timing_stopped")})

@@ -115,6 +115,18 @@ def _resolved(cls: type) -> dict:
 SETTLE_FIRST = ("torch._dynamo",)
 
 
+def _compile_patches() -> None:
+    """What the first ``torch.compile`` call of a process patches, done now: dynamo wraps
+    ``nn.Module.__init__`` and ``__setstate__`` to tag every module made afterwards. A forward
+    compiled after the snapshot (a compile baseline timed as a candidate) is then not taken
+    for the candidate's tampering; torch does it once per process, whoever compiles first."""
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except Exception:  # pragma: no cover - a torch without it
+        return
+    install_generation_tagging_init()
+
+
 def snapshot() -> dict[tuple[str, str], Any]:
     """``(owner, attribute) -> (object, what it runs)`` for every callable of the guarded
     modules and classes (the objects themselves are kept, so an identity can never be reused
@@ -125,6 +137,7 @@ def snapshot() -> dict[tuple[str, str], Any]:
                 importlib.import_module(name)
             except Exception:  # pragma: no cover - a torch without it
                 pass
+        _compile_patches()
     snap: dict[tuple[str, str], Any] = {}
     for owner, ns in _targets():
         for attr, value in list(ns.items()):

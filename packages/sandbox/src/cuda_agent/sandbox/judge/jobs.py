@@ -68,6 +68,9 @@ __all__ = [
 ]
 
 
+TIMING_MODES = ("", "steadier", "configured")
+
+
 @dataclass
 class ProfileOptions:
     """Options of profiling (a run config's ``profile_options`` map onto these)."""
@@ -114,6 +117,20 @@ class ProfileOptions:
     # only once the candidate verified, after its process has ended (a new one is started for
     # the timing); False: measured before verification, whatever its verdict
     defer_baselines: bool = True
+    # the mode the candidate is timed in: "" as the task's eager baseline was (its steadier mode
+    # when that one was), "steadier" or "configured" whatever the baselines (a baseline timed as
+    # a candidate: baselines.as_candidate)
+    timing_mode: str = ""
+    # where the baselines' reported timings are taken (baselines.as_candidate): "graph" (a task
+    # timed by graph replay: in a candidate's process, as a candidate is), "always" or "never"
+    baselines_as_candidate: str = "graph"
+
+    def __post_init__(self) -> None:
+        if self.timing_mode not in TIMING_MODES:
+            raise ValueError(f"ProfileOptions.timing_mode {self.timing_mode!r} is not one of {TIMING_MODES}")
+        if self.baselines_as_candidate not in ("graph", "always", "never"):
+            raise ValueError(f"ProfileOptions.baselines_as_candidate {self.baselines_as_candidate!r} is not one of "
+                             "('graph', 'always', 'never')")
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
@@ -190,6 +207,7 @@ def _baseline_opts(options: Any, device: str, precision: str | None = None) -> B
         max_spread=o.max_spread,
         attempts=o.attempts,
         refresh_spread=o.refresh_spread,
+        as_candidate=o.baselines_as_candidate,
     )
 
 
@@ -349,6 +367,10 @@ def _profile(session: Any, ws: Path, cand_path: Path, ref_path: Path, device: st
             # the mode the task's eager baseline was timed in (a steadier one when the
             # configured mode timed the reference unsteadily; see profilers.base.time_for_task)
             cand_prof = profiler_for(profiler, eager)
+            if o.timing_mode == "steadier":
+                cand_prof = (profiler.steadier() if hasattr(profiler, "steadier") else None) or profiler
+            elif o.timing_mode == "configured":
+                cand_prof = profiler
             graph = cand_prof is not profiler
             if graph:
                 meta["timing_mode"] = cand_prof.method_name()
@@ -454,6 +476,10 @@ def _baselines(model_code: str, device: str, o: ProfileOptions, model: Any = Non
         meta["baseline_cpu_threads"] = rec["cpu_threads"]
     if isinstance(rec.get("process_flags"), dict):  # the settings the baselines were timed under
         meta["baseline_flags"] = rec["process_flags"]
+    meta["baseline_timed_in"] = rec.get("timed_in") or "the trusted process"  # see baselines.as_candidate
+    for k in ("as_candidate_error", "compile_as_candidate_error"):
+        if rec.get(k):
+            meta[f"baseline_{k}"] = rec[k]
     if not rec.get("cached"):  # what the measurement cost: its timings' attempts and calls
         meta["baseline_cost"] = {f"{name}_{k}": getattr(t, k) for name, t in (("eager", eager), ("compile", comp))
                                  if t is not None for k in ("attempts", "iterations", "warmup_ms")}

@@ -1,9 +1,10 @@
 """The settings of a process that decide which kernels its calls run and how they are fed:
 torch's backend switches, the environment variables CUDA and its libraries read, the
-current stream, the CPU threads. A baseline is timed in the trusted process and a candidate
-in a process of its own; both record these (:func:`process_flags`), and a profile lists the
-ones that differed (:func:`flags_differ`), so that two timings taken under different
-settings are seen as such.
+current stream, the CPU threads. A baseline is timed in the trusted process (a task timed by
+graph replay: in a candidate's process, :mod:`.baselines.as_candidate`) and a candidate in a
+process of its own; both record these (:func:`process_flags`), and a profile lists the ones
+that differed (:func:`flags_differ`), so that two timings taken under different settings are
+seen as such.
 
 What the candidate's process reports is its own word: it is read as a record of what the
 process said (:func:`sanitized`), never as a check.
