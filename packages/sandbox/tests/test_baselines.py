@@ -211,6 +211,15 @@ def test_baselines_timed_as_a_candidate_in_a_candidate_process(tmp_path):
     assert rec3["measured_again_because"].startswith("process: timed in a candidate's process, wanted in the trusted")
 
 
+def test_a_baseline_not_timed_in_the_tasks_steadier_mode_as_a_candidate_is_refused(tmp_path):
+    """A task timed in the steadier mode whose reference, timed as a candidate, could not be
+    (here: the CPU's profiler has none) is not given a timing of another mode."""
+    from cuda_agent.sandbox.judge.baselines import BaselineError, time_as_candidate
+
+    with pytest.raises(BaselineError, match="not timed in the task's steadier mode"):
+        time_as_candidate(RELU_TASK, "cpu", opts(tmp_path), steadier=True)
+
+
 def test_the_choice_of_process_for_baselines():
     from cuda_agent.sandbox.judge.baselines.as_candidate import candidate_source, wanted
 

@@ -47,6 +47,7 @@ def baselines_chunk(tasks: list[dict], device: str, options: dict | None = None)
                 "error": row.get("error") or row.get("compile_error"),
                 "spread": row.get("spread"),  # the larger of the eager and compile spreads
                 "timing_mode": row.get("timing_mode"),
+                "timed_in": row.get("timed_in"),  # the trusted process or a candidate's (baselines.as_candidate)
                 "measured_again_because": row.get("measured_again_because"),  # a cached record replaced
                 "seconds": round(timing.get(row.get("task"), 0.0), 2),
                 "device": device,

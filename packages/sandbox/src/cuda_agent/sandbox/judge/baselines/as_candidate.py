@@ -108,7 +108,13 @@ def time_as_candidate(code: str, device: str, o: Any, steadier: bool, compile_mo
     what = "compiled reference" if compile_mode is not None else "reference"
     if not res.ok or res.candidate is None:
         raise BaselineError(f"the {what} timed as a candidate failed: {res.message}"[:600])
-    return res.candidate, dict(res.metadata or {})
+    meta = dict(res.metadata or {})
+    mode = str(meta.get("timing_mode", ""))
+    if steadier and (not mode or "(baselines:" in mode):
+        # not captured there: timed in the configured mode, unlike the task's other timings
+        raise BaselineError(f"the {what} timed as a candidate was not timed in the task's steadier mode: "
+                            f"{mode or res.candidate.method}"[:600])
+    return res.candidate, meta
 
 
 def retime(rec: dict, code: str, device: str, o: Any, steadier: bool) -> dict:

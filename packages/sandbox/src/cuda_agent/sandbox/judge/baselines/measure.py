@@ -242,7 +242,10 @@ def measure_many(tasks: Iterable[Any], device: str = "cuda", options: BaselineOp
             eager, comp, rec = measure_baselines_record(code, device, o, cache)
             row.update(eager_ms=eager.median_ms, compile_ms=comp.median_ms if comp else None,
                        cached=rec.get("cached", False), compile_error=rec.get("compile_error"),
-                       spread=max(eager.spread, comp.spread if comp else 0.0), timing_mode=rec.get("timing_mode"))
+                       spread=max(eager.spread, comp.spread if comp else 0.0), timing_mode=rec.get("timing_mode"),
+                       timed_in=rec.get("timed_in") or "the trusted process")
+            if rec.get("as_candidate_error"):
+                row["as_candidate_error"] = rec["as_candidate_error"]
             if not rec.get("cached") and rec.get("measured_again_because"):
                 row["measured_again_because"] = rec["measured_again_because"]
         except Exception as exc:  # one broken task must not stop the run
