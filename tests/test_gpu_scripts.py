@@ -67,6 +67,8 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     records = [_reference_record("L1/1_A", 2.0, 2.01),
                _reference_record("L1/2_B", 2.0, 2.1, methods=("cuda_events+graph+sync", "cuda_events+graph")),
                _reference_record("L1/3_C", 20.0, 29.0, charged=9.0), oom]
+    records[1]["metadata"]["profile"]["baseline_timed_in"] = "a candidate's process"
+    records[2]["metadata"]["profile"]["baseline_as_candidate_error"] = "the reference timed as a candidate failed: boom"
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     script = ROOT / "scripts" / "gpu" / "eval_references.py"
     env = {**os.environ, "OUT": str(tmp_path / "out")}  # the merged report's folder
@@ -81,6 +83,9 @@ def test_merged_references_count_those_within_two_percent_and_those_charged(tmp_
     assert "L1/4_D ran out of GPU memory; held by: 11 40.00 GiB: the spare worker of cuda:0" in out.stdout
     assert ("candidate and eager loops ran differently: 1: L1/2_B: eager cuda_events+graph+sync, "
             "candidate cuda_events+graph") in out.stdout
+    assert "baselines_timed_as_candidates 1" in " ".join(out.stdout.split())
+    assert ("baselines that could not be timed as candidates (trusted timing kept): 1: L1/3_C: the reference "
+            "timed as a candidate failed: boom") in out.stdout
     assert (tmp_path / "out" / "summary.json").is_file()
 
 

@@ -159,6 +159,12 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
     # (backend switches, environment, current stream; see judge.process_flags)
     settings = [f"{t['task_id']}: " + ", ".join(f"{k} {v[0]!r}->{v[1]!r}" for k, v in list(d.items())[:4])
                 for t in tasks for d in [(t["metadata"].get("profile") or {}).get("timing_flags_differ") or {}] if d]
+    # baselines timed as candidates, in a candidate's process (a task timed by graph replay; see
+    # judge.baselines.as_candidate), and the tasks where that failed and the trusted timing stood
+    as_candidate = [t["task_id"] for t in tasks
+                    if (t["metadata"].get("profile") or {}).get("baseline_timed_in") == "a candidate's process"]
+    as_candidate_failed = [f"{t['task_id']}: {err[:120]}" for t in tasks
+                           for err in [(t["metadata"].get("profile") or {}).get("baseline_as_candidate_error")] if err]
     return {
         "tasks": len(tasks),
         "scored_this_call": len(new),
@@ -183,6 +189,8 @@ def summarize(report: dict, wall: float, n_new: int, new_ids: set | None = None,
         "charged_by_the_trusted_clock": charged,
         "timed_unlike_their_eager": unlike,
         "timed_under_other_settings": settings,
+        "baselines_timed_as_candidates": len(as_candidate),
+        "baselines_as_candidate_failed": as_candidate_failed,
         "timing_spread_over_5pct": noisy,  # still unsteady after the repeats (candidate or baseline)
     }
 
@@ -213,7 +221,7 @@ def print_table(report: dict, summary: dict) -> None:
     print()
     for key in ("tasks", "scored_this_call", "devices", "shards", "shard_seconds", "wall_seconds", "device_seconds", "wall_per_task",
                 "job_seconds_per_task", "overhead_per_task", "baselines_measured", "baselines_measured_again", "baseline_seconds", "mean_task_latency",
-                "verify_phase_median_seconds", "timings_repeated"):
+                "verify_phase_median_seconds", "timings_repeated", "baselines_timed_as_candidates"):
         if summary.get(key) is not None:
             print(f"{key:<26} {summary[key]}")
     if summary["not_correct"]:
@@ -230,6 +238,9 @@ def print_table(report: dict, summary: dict) -> None:
     if summary.get("timed_unlike_their_eager"):
         print(f"candidate and eager loops ran differently: {len(summary['timed_unlike_their_eager'])}: "
               + "; ".join(summary["timed_unlike_their_eager"][:15]))
+    if summary.get("baselines_as_candidate_failed"):
+        print(f"baselines that could not be timed as candidates (trusted timing kept): "
+              f"{len(summary['baselines_as_candidate_failed'])}: " + "; ".join(summary["baselines_as_candidate_failed"][:10]))
     if summary.get("timed_under_other_settings"):
         print(f"candidate and eager processes' settings differed: {len(summary['timed_under_other_settings'])}: "
               + "; ".join(summary["timed_under_other_settings"][:15]))
