@@ -128,9 +128,10 @@ class ProfileOptions:
     def __post_init__(self) -> None:
         if self.timing_mode not in TIMING_MODES:
             raise ValueError(f"ProfileOptions.timing_mode {self.timing_mode!r} is not one of {TIMING_MODES}")
-        if self.baselines_as_candidate not in ("graph", "always", "never"):
-            raise ValueError(f"ProfileOptions.baselines_as_candidate {self.baselines_as_candidate!r} is not one of "
-                             "('graph', 'always', 'never')")
+        from .baselines.as_candidate import CHOICES
+
+        if self.baselines_as_candidate not in CHOICES:
+            raise ValueError(f"ProfileOptions.baselines_as_candidate {self.baselines_as_candidate!r} is not one of {CHOICES}")
 
 
 def verify_workspace(workspace: str, device: str, options: VerifyOptions | None = None,
