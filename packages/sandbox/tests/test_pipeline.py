@@ -224,6 +224,32 @@ def test_a_tasks_baselines_are_measured_ahead_in_gpu_time_no_candidate_asks_for(
         ex.close()
 
 
+def test_baselines_measured_ahead_in_a_worker_can_be_timed_as_candidates(tmp_path: Path):
+    """``baselines_as_candidate="always"`` (by default only tasks timed by graph replay): the
+    baseline job ahead, in an executor's worker, times the reference again in a candidate's
+    process of its own; the candidate's profile then reads that record and says where its
+    baselines were timed."""
+    from cuda_agent.sandbox.executors import CpuExecutor
+
+    ws = make_workspace(tmp_path)
+    root, cache = Path(ws.root), tmp_path / "cache"
+    popts = _profile_options(cache, baselines_as_candidate="always")
+    ex = CpuExecutor()
+    judge = Judge(JudgeOptions(profile_options=popts, compile_in="inline"), ex, backend="cpu")
+    try:
+        fut = judge.measure_ahead(root)
+        assert fut is not None
+        got = fut.result(timeout=240)
+        assert got["meta"]["baseline_timed_in"] == "a candidate's process", got["meta"].get("baseline_as_candidate_error")
+        v, p = judge.evaluate(root, {"seed": 3}, popts, split=False)
+        assert v.ok and p.ok, (v.message, p.message)
+        assert p.metadata["baseline_cache"] == "hit" and p.metadata["baseline_timed_in"] == "a candidate's process"
+        assert p.eager.median_ms == pytest.approx(got["eager"].median_ms)
+    finally:
+        judge.close()
+        ex.close()
+
+
 def test_a_candidate_due_before_its_baselines_job_started_takes_it_over(tmp_path: Path):
     from cuda_agent.sandbox.executors import CpuExecutor, Job
 
