@@ -84,6 +84,46 @@ def test_quiet_timing_off_means_no_lock(tmp_path):
         ex.close()
 
 
+def test_a_timed_section_inside_a_cpu_heavy_one_still_holds_its_device(tmp_path, monkeypatch):
+    """A compiled baseline timed as a candidate compiles and times in one job, under the host's
+    lock held exclusively: its timed sections take no host lock again (they would wait for
+    themselves) but still hold the device's quiet lock, so no spare makes a context meanwhile."""
+    import fcntl
+    import os
+
+    from cuda_agent.sandbox.isolation import hostlock
+
+    host, device = tmp_path / "quiet", tmp_path / "device"
+    monkeypatch.setenv(hostlock.ENV, str(host))
+    monkeypatch.setenv(hostlock.DEVICE_ENV, str(device))
+    monkeypatch.setattr(hostlock, "_fds", None)
+    monkeypatch.setattr(hostlock, "_opened_for", None)
+    monkeypatch.setattr(hostlock, "_device_fd", None)
+
+    def spare_could_start() -> bool:  # what device_quiet tries, from another descriptor
+        fd = os.open(device, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    assert hostlock.active()
+    with hostlock.cpu_heavy():
+        assert spare_could_start()  # compiling alone leaves spares free to start
+        with hostlock.timing() as waited:
+            assert waited == 0.0 and not spare_could_start()
+            with hostlock.timing():
+                assert not spare_could_start()
+            assert not spare_could_start()  # the inner section left the outer one's lock
+        assert spare_could_start()
+    with hostlock.timing():
+        assert not spare_could_start()
+    assert spare_could_start()
+
+
 def test_spare_makes_its_context_outside_timed_sections(tmp_path, monkeypatch):
     """A spare started while a job times on its device makes its context (its init steps)
     after the timed section; beside a job that does not time (verification) it starts at once."""

@@ -9,7 +9,8 @@ host, so the executor's per-GPU lock does not help; this lock does:
 * ``timing()`` holds the lock shared: timed sections on different GPUs still run together
   (each keeps one core busy);
 * ``cpu_heavy()`` holds it exclusively: compiling a baseline waits until no timed section
-  runs, and none starts until it is done.
+  runs, and none starts until it is done. A timed section inside it takes no host lock
+  again, but still its device's quiet lock (below).
 
 A writer-preferring reader/writer lock made of two ``flock`` files: a writer first takes
 the gate exclusively, so that readers arriving after it wait behind it instead of
@@ -135,8 +136,20 @@ def _release_host(kind: str, gate: int, main: int) -> None:
 
 @contextmanager
 def _section(kind: str) -> Iterator[float]:
-    if _held() is not None:  # nested
-        yield 0.0
+    if _held() is not None:  # nested: the outer section's host lock covers it
+        # a timed section inside a CPU-heavy one (a compiled baseline timed as a candidate,
+        # compiling and timed in one job) still keeps spares from making a context meanwhile
+        device = _device_fd if kind == "timing" and _held() == "cpu_heavy" and not getattr(_local, "device", False) \
+            else None
+        if device is not None:
+            fcntl.flock(device, fcntl.LOCK_SH)
+            _local.device = True
+        try:
+            yield 0.0
+        finally:
+            if device is not None:
+                _local.device = False
+                fcntl.flock(device, fcntl.LOCK_UN)
         return
     host = _fds if active() else None
     # a timed section also keeps spares from making a CUDA context on its device
