@@ -233,7 +233,8 @@ def test_the_choice_of_process_for_baselines():
         jobs.ProfileOptions(timing_mode="graph")
     ns: dict = {}
     exec(candidate_source(RELU_TASK, "max-autotune"), ns)  # noqa: S102 - the test's own source
-    assert issubclass(ns["ModelNew"], ns["Model"]) and "_compiled_forward" in candidate_source(RELU_TASK, "default")
+    assert issubclass(ns["ModelNew"], ns["Model"]) and "mode='max-autotune'" in candidate_source(RELU_TASK, "max-autotune")
+    assert "mode=None" in candidate_source(RELU_TASK, "default") and "mode=None" in candidate_source(RELU_TASK, "")
 
 
 def test_measure_many_resumes(tmp_path):

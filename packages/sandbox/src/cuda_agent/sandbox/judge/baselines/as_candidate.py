@@ -14,8 +14,9 @@ timed this way; ``"always"`` and ``"never"`` are the other choices.
 
 The trusted process still decides the task's mode (its eager timing, the parallel-branch
 check) and keeps its own timings in the record (``eager_trusted``, ``compile_trusted``); the
-reported ones are the candidate-process timings. A compiled form that fails there keeps the
-trusted timing, and the record says why (``compile_as_candidate_error``).
+reported ones are the candidate-process timings. A reference (or compiled form) that fails
+there, or is not timed there in the task's mode, keeps the trusted timing, and the record
+says why (``as_candidate_error``, ``compile_as_candidate_error``).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def mismatch(rec: dict, choice: str, device: Any) -> str:
 def candidate_source(code: str, compile_mode: str | None = None) -> str:
     """The reference's code with a ``ModelNew`` that is ``Model`` (``compile_mode``: its
     forward compiled by ``torch.compile`` in that mode)."""
-    return code + (_EAGER if compile_mode is None else _COMPILED.format(mode=compile_mode))
+    if compile_mode is None:
+        return code + _EAGER
+    # torch.compile's own default for "" and "default", as the trusted compile baseline has it
+    return code + _COMPILED.format(mode=None if compile_mode in ("", "default") else compile_mode)
 
 
 def time_as_candidate(code: str, device: str, o: Any, steadier: bool, compile_mode: str | None = None) -> tuple[Timing, dict]:
